@@ -1,0 +1,112 @@
+"""`rtrl`: one command for every stage of the cycle.
+
+Each subcommand lives with the stage it drives: COMMANDS maps a name to "module:function", where the
+function takes an argparse parser, adds its arguments and sets `run` (a callable args -> exit code).
+Only the chosen subcommand's module is imported, so `rtrl --help` is instant and a stage that is not
+built yet answers "not implemented yet" with a non-zero exit, never a fake success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("rl_core.init:add_init", "convert the base model once and register it as version 1 (champion)"),
+    "config": ("rl_core.cli:add_config", "show the effective configuration (file + profile + env)"),
+    "serve": ("rl_core.serving.cli:add_serve", "serve champion/challenger behind an OpenAI-compatible API"),
+    "collect": ("rl_core.collect.cli:add_collect", "compact the write-ahead event log into the Parquet lake"),
+    "harvest": ("rl_core.harvest:add_harvest", "one cycle's window of interactions + feedback -> episodes"),
+    "rewards": ("rl_core.rewards.cli:add_rewards", "score a run's episodes into rewards; run the hacking monitors"),
+    "gate": ("rl_core.quality.cli:add_gate", "run a Great Expectations data-quality gate on a run"),
+    "train": ("rl_core.train.launch:add_train", "on-policy DeepSpeed update of a version on a run's episodes"),
+    "eval": ("evals.cli:add_eval", "run the eval suite (cursorbench, humaneval) on a version or checkpoint"),
+    "register": ("rl_core.registry.cli:add_register", "register a trained checkpoint as a new MLflow version"),
+    "deploy": ("rl_core.registry.cli:add_deploy", "promotion gate, then alias `challenger` for a run's version"),
+    "ab": ("rl_core.registry.cli:add_ab", "A/B verdict (promote / rollback / continue) from logged outcomes"),
+    "promote": ("rl_core.registry.cli:add_promote", "move `champion` to the challenger"),
+    "rollback": ("rl_core.registry.cli:add_rollback", "restore the previous champion / drop the challenger"),
+    "simulate": ("rl_core.simulate.cli:add_simulate", "simulated users driving the real HTTP API"),
+    "experiment": ("rl_core.simulate.experiment:add_experiment", "run K full cycles and log learning curves"),
+    "cycle": ("rl_core.cycle:add_cycle", "one whole cycle: init, serve, simulate, DAG run, report"),
+    "forget": ("rl_core.forget:add_forget", "delete an organisation's (or user's) rows from the lake"),
+    "bench": ("rl_core.bench:add_bench", "run a benchmark from bench/ and print its table"),
+}
+
+
+class NotImplementedYet(Exception):
+    pass
+
+
+def _load(spec: str):
+    module_name, _, func = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
+            raise NotImplementedYet(module_name) from None
+        raise
+    if not hasattr(module, func):
+        raise NotImplementedYet(spec)
+    return getattr(module, func)
+
+
+def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rtrl",
+        description="rtrl: improve a coding assistant from its production traffic, one cycle every few hours.",
+        epilog="Config: rtrl.toml, RTRL_PROFILE=default|tiny, RTRL_HOME, RTRL_<SECTION>__<KEY>. See README.md.",
+    )
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (spec, help_text) in COMMANDS.items():
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            _load(spec)(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    try:
+        parser = build_parser(chosen)
+    except NotImplementedYet as exc:
+        print(f"rtrl {chosen}: not implemented yet ({exc})", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.parse_args([args.command, "--help"])
+        return 2
+    from rl_core.config import ConfigError
+
+    try:
+        return int(run(args) or 0)
+    except ConfigError as exc:
+        print(f"rtrl {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+# --- rtrl config ----------------------------------------------------------------------------------
+
+def add_config(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION")
+    show = sub.add_parser("show", help="print the effective config as TOML")
+    show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    show.set_defaults(run=_config_show)
+
+
+def _config_show(args) -> int:
+    from rl_core.config import load_config, to_toml
+
+    cfg = load_config()
+    print(cfg.model_dump_json(indent=2) if args.json else to_toml(cfg), end="" if not args.json else "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

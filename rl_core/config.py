@@ -1,0 +1,370 @@
+"""One typed config for every part of rtrl.
+
+Where values come from, later wins:
+  1. the defaults in the models below,
+  2. rtrl.toml (RTRL_CONFIG names another file; else ./rtrl.toml, else the repo's),
+  3. the profile chosen by RTRL_PROFILE (`default` or `tiny`): rtrl.toml's [profiles.<name>.<section>] tables,
+  4. environment variables RTRL_<SECTION>__<KEY> (values parsed as JSON when they parse, else strings),
+     and RTRL_HOME for the state folder.
+
+Every relative path is resolved against `home` (default `var/` beside the config file), so one RTRL_HOME
+moves the whole embedded stack (lake, MLflow, Airflow, models) somewhere else, which is what tests do.
+A bad value raises ConfigError naming the file (or env variable), the section and the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ("default", "tiny")
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names where it came from and which field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    base: Literal["smollm2-135m", "tiny"] = "smollm2-135m"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32 on CPU: bf16 logprobs disagree by ~0.4
+    models_dir: str = "models"
+    # tiny random-init model: same architecture family (Llama) and tokenizer as SmolLM2
+    tiny_hidden_size: int = Field(64, gt=0)
+    tiny_layers: int = Field(2, gt=0)
+    tiny_heads: int = Field(4, gt=0)
+    tiny_kv_heads: int = Field(2, gt=0)
+    tiny_intermediate_size: int = Field(128, gt=0)
+    seed: int = 0
+
+
+class LakeConfig(Section):
+    root: str = "lake"  # local folder (relative to home) or any fsspec URL (s3://bucket/rtrl, memory://x)
+
+
+class MlflowConfig(Section):
+    tracking_uri: str = "sqlite:///{home}/mlflow.db"
+    artifact_root: str = "mlartifacts"
+    experiment: str = "rtrl"
+    model_name: str = "rtrl-policy"
+    ui_port: int = 5000
+
+
+class AirflowConfig(Section):
+    home: str = "airflow"
+    dag_id: str = "realtime_rl"
+    schedule_hours: int = Field(5, gt=0)
+    training_pool: str = "rtrl_training"
+    training_pool_slots: int = Field(1, gt=0)
+    retries: int = Field(2, ge=0)
+    retry_delay_s: int = Field(60, ge=0)
+    ui_port: int = 8080
+
+
+class ServingConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, gt=0, lt=65536)
+    backend: Literal["auto", "vllm", "transformers"] = "auto"  # auto: vLLM where it imports, else transformers
+    tokens: dict[str, str] = {"rtrl-dev-token": "org-dev"}  # bearer token -> org_id
+    challenger_share: float = Field(0.1, ge=0.0, le=1.0)
+    alias_poll_s: float = Field(10.0, gt=0)
+    max_body_bytes: int = Field(1_000_000, gt=0)
+    max_tokens_default: int = Field(256, gt=0)
+    max_tokens_limit: int = Field(2048, gt=0)
+    wal_dir: str = "wal"
+    segment_max_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    segment_max_age_s: float = Field(60.0, gt=0)
+    compact_interval_s: float = Field(30.0, gt=0)
+    vllm_port_base: int = Field(8100, gt=0, lt=65536)
+    vllm_kv_cache_gb: int = Field(2, gt=0)
+    vllm_startup_timeout_s: float = Field(180.0, gt=0)
+
+
+class HarvestConfig(Section):
+    max_staleness: int = Field(2, ge=0)  # versions behind the policy being updated
+    grace_hours: float = Field(6.0, ge=0)  # feedback accepted this long after the window ends
+    granularity: Literal["turn", "session"] = "turn"
+    session_discount: float = Field(0.9, gt=0, le=1.0)  # credit of a session outcome per turn back
+
+
+class RewardsConfig(Section):
+    weights: dict[str, float] = {
+        "edit_persisted": 1.0,
+        "edit_reverted": -1.0,
+        "dissatisfied_followup": -0.5,
+        "latency": -0.1,
+        "tool_call_validity": 0.5,
+        "clarification": -0.3,
+        "thumbs": 0.5,
+    }
+    latency_budget_ms: float = Field(4000.0, gt=0)
+    clarification_rate_max: float = Field(0.34, ge=0, le=1)  # per session, beyond it clarifying is penalised
+    reward_clip: float = Field(5.0, gt=0)
+    # reward-hacking monitors: a rate rising more than this versus the parent version trips
+    monitor_broken_tool_rise: float = Field(0.05, ge=0)
+    monitor_clarify_rise: float = Field(0.05, ge=0)
+    monitor_empty_rise: float = Field(0.05, ge=0)
+    monitor_min_episodes: int = Field(20, ge=0)
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+class TrainConfig(Section):
+    launcher: Literal["deepspeed", "torchrun", "inline"] = "deepspeed"
+    num_procs: int = Field(1, gt=0)  # processes per node (CPU processes here, GPUs on GPU nodes)
+    hostfile: str = ""  # DeepSpeed hostfile for multi-node GPU training
+    zero_stage: int = Field(2, ge=0, le=3)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    lr: float = Field(1e-5, gt=0)
+    micro_batch_size: int = Field(4, gt=0)
+    grad_accum: int = Field(1, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
+    epochs: int = Field(1, gt=0)
+    max_seq_len: int = Field(1024, gt=0)
+    clip_eps: float = Field(0.2, gt=0)
+    is_cap: float = Field(2.0, gt=0)
+    kl_coef: float = Field(0.02, ge=0)
+    entropy_coef: float = Field(0.0, ge=0)
+    advantage: Literal["group", "running"] = "group"
+    normalize_advantages: bool = True
+    lora: bool = False
+    lora_r: int = Field(8, gt=0)
+    lora_alpha: int = Field(16, gt=0)
+    seed: int = 0
+    timeout_s: float = Field(3600.0, gt=0)
+
+
+class EvalConfig(Section):
+    suite: str = "cursorbench"
+    tasks_dir: str = "{repo}/evals/tasks"
+    max_turns: int = Field(4, gt=0)
+    max_tokens: int = Field(256, gt=0)
+    temperature: float = Field(0.0, ge=0)
+    workers: int = Field(2, gt=0)
+    timeout_s: float = Field(10.0, gt=0)
+    task_limit: int = Field(0, ge=0)  # 0 = all tasks
+    tolerance: float = Field(0.02, ge=0)  # pass-rate drop tolerated before "regression"
+
+
+class GatesConfig(Section):
+    min_episodes: int = Field(64, ge=0)
+    min_feedback_share: float = Field(0.2, ge=0, le=1)
+    max_org_share: float = Field(0.9, gt=0, le=1)
+    reward_min: float = -10.0
+    reward_max: float = 10.0
+    kl_max: float = Field(0.5, gt=0)
+
+
+class ABConfig(Section):
+    min_samples_per_arm: int = Field(500, gt=0)
+    alpha: float = Field(0.05, gt=0, lt=1)
+    primary: str = "edit_persisted_rate"
+    guardrails: list[str] = ["dissatisfied_rate", "latency_p90_ms"]
+    bootstrap_iters: int = Field(1000, gt=0)
+    cuped: bool = False
+
+
+class SimulateConfig(Section):
+    users: int = Field(20, gt=0)
+    interactions: int = Field(200, gt=0)
+    rate: float = Field(5.0, gt=0)  # requests per second, at most
+    concurrency: int = Field(4, gt=0)
+    seed: int = 0
+    orgs: list[str] = ["org-acme", "org-globex"]
+    max_seconds: float = Field(1800.0, gt=0)
+
+
+class Config(Section):
+    profile: Literal["default", "tiny"] = "default"
+    home: str = "var"
+    model: ModelConfig = ModelConfig()
+    lake: LakeConfig = LakeConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    airflow: AirflowConfig = AirflowConfig()
+    serving: ServingConfig = ServingConfig()
+    harvest: HarvestConfig = HarvestConfig()
+    rewards: RewardsConfig = RewardsConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    gates: GatesConfig = GatesConfig()
+    ab: ABConfig = ABConfig()
+    simulate: SimulateConfig = SimulateConfig()
+    source: str = ""  # the file this came from (informational)
+
+    # --- resolved paths -----------------------------------------------------------------------------
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home)
+
+    def path(self, value: str) -> str:
+        """Resolve a configured path: {home}/{repo} placeholders, relative -> under home, URLs untouched."""
+        value = value.replace("{home}", str(self.home_path)).replace("{repo}", str(REPO_ROOT))
+        if "://" in value or os.path.isabs(value):
+            return value
+        return str(self.home_path / value)
+
+    @property
+    def lake_root(self) -> str:
+        return self.path(self.lake.root)
+
+    @property
+    def models_dir(self) -> Path:
+        return Path(self.path(self.model.models_dir))
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow.tracking_uri.replace("{home}", str(self.home_path))
+
+    @property
+    def artifact_root(self) -> str:
+        return self.path(self.mlflow.artifact_root)
+
+    @property
+    def airflow_home(self) -> Path:
+        return Path(self.path(self.airflow.home))
+
+    @property
+    def wal_dir(self) -> Path:
+        return Path(self.path(self.serving.wal_dir))
+
+
+# --- loading ----------------------------------------------------------------------------------------
+
+def find_config_file() -> Path | None:
+    explicit = os.environ.get("RTRL_CONFIG")
+    if explicit:
+        p = Path(explicit)
+        if not p.is_file():
+            raise ConfigError(f"RTRL_CONFIG={explicit}: no such file")
+        return p
+    for candidate in (Path.cwd() / "rtrl.toml", REPO_ROOT / "rtrl.toml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _deep_merge(base: dict, over: dict, sources: dict, origin: str, prefix: str = "") -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("tokens", "weights"):
+            out[key] = _deep_merge(out[key], value, sources, origin, dotted + ".")
+        else:
+            out[key] = value
+            sources[dotted] = origin
+    return out
+
+
+def _env_overrides(environ: dict[str, str], sources: dict) -> dict:
+    over: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith("RTRL_") or "__" not in name:
+            continue
+        section, _, key = name[len("RTRL_"):].partition("__")
+        section, key = section.lower(), key.lower()
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key in _STRING_KEYS:
+            value = raw  # e.g. RTRL_SERVING__HOST=127 stays a string
+        over.setdefault(section, {})[key] = value
+        sources[f"{section}.{key}"] = f"env {name}"
+    return over
+
+
+_STRING_KEYS = {"host", "root", "home", "tracking_uri", "artifact_root", "hostfile", "wal_dir", "tasks_dir"}
+
+
+def _format_errors(err: ValidationError, sources: dict, file_label: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        dotted = ".".join(loc)
+        origin = None
+        for i in range(len(loc), 0, -1):
+            origin = sources.get(".".join(loc[:i]))
+            if origin:
+                break
+        where = origin or file_label
+        field = f"[{loc[0]}] {'.'.join(loc[1:])}" if len(loc) > 1 else dotted
+        lines.append(f"{where}: {field}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid rtrl config:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Load the effective config (file + profile + env). Raises ConfigError naming file and field."""
+    environ = dict(os.environ if environ is None else environ)
+    file = Path(path) if path else find_config_file()
+    data: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    label = str(file) if file else "<defaults>"
+    if file:
+        try:
+            data = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+        sources.update({k: str(file) for k in _flatten(data)})
+    profiles = data.pop("profiles", {}) or {}
+    profile = environ.get("RTRL_PROFILE") or data.get("profile") or "default"
+    if profile not in PROFILES:
+        raise ConfigError(f"RTRL_PROFILE={profile!r}: unknown profile; choose one of {', '.join(PROFILES)}")
+    if profile in profiles:
+        data = _deep_merge(data, profiles[profile], sources, f"{label} [profiles.{profile}]")
+    data["profile"] = profile
+    data = _deep_merge(data, _env_overrides(environ, sources), sources, "env")
+    base_dir = file.parent if file else REPO_ROOT
+    home = environ.get("RTRL_HOME") or data.get("home") or "var"
+    data["home"] = str((base_dir / home).resolve()) if not os.path.isabs(home) else home
+    data["source"] = label
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, sources, label)) from None
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "profiles":
+            keys.extend(_flatten(v, f"{prefix}{k}."))
+        keys.append(f"{prefix}{k}")
+    return keys
+
+
+def to_toml(cfg: Config) -> str:
+    """The effective config as TOML text (what `rtrl config show` prints)."""
+    data = cfg.model_dump(exclude={"source"})
+    lines = [f"# effective rtrl config (profile {cfg.profile}, from {cfg.source})"]
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            continue
+        lines.append(f"\n[{section}]")
+        for k, v in values.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)

@@ -1,0 +1,157 @@
+"""The data lake: partition paths, atomic Parquet writes and window listing over any fsspec filesystem.
+
+Layout (design.md): raw/<table>/date=YYYY-MM-DD/hour=HH/*.parquet for events, runs/<run_id>/ for a
+cycle's outputs. A write lands under a hidden temporary name ('.tmp-...'), is flushed and fsynced
+(local disk), then renamed into place, so a reader never sees a partial file: listings skip names that
+start with '.' or '_'.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+RAW_TABLES = ("interactions", "feedback")
+
+
+def _hour_floor(ts: datetime) -> datetime:
+    ts = ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+    return ts.replace(minute=0, second=0, microsecond=0)
+
+
+@dataclass
+class Lake:
+    root: str  # a local folder or an fsspec URL
+
+    def __post_init__(self) -> None:
+        self.fs, self.base = fsspec.core.url_to_fs(self.root)
+        self.is_local = self.fs.protocol in ("file", "local") or "file" in (self.fs.protocol or ())
+        if self.is_local:
+            os.makedirs(self.base, exist_ok=True)
+
+    # --- paths ------------------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return "/".join([self.base.rstrip("/"), *parts])
+
+    def url(self, *parts: str) -> str:
+        """A path with the filesystem's protocol, for readers outside fsspec (DuckDB, MLflow)."""
+        p = self.path(*parts)
+        return p if self.is_local else self.fs.unstrip_protocol(p)
+
+    @staticmethod
+    def partition(table: str, ts: datetime) -> str:
+        ts = _hour_floor(ts)
+        return f"raw/{table}/date={ts:%Y-%m-%d}/hour={ts:%H}"
+
+    def run_dir(self, run_id: str) -> str:
+        if not run_id or "/" in run_id or run_id.startswith("."):
+            raise ValueError(f"run_id {run_id!r} must be a plain name")
+        return f"runs/{run_id}"
+
+    # --- writes -----------------------------------------------------------------------------------
+    def write_bytes(self, relpath: str, data: bytes) -> str:
+        """Write atomically: hidden temp file, flush + fsync, rename. Returns the final path."""
+        final = self.path(relpath)
+        parent, name = final.rsplit("/", 1)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{name}"
+        self.fs.makedirs(parent, exist_ok=True)
+        if self.is_local:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+            dfd = os.open(parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)  # the rename itself is durable
+            finally:
+                os.close(dfd)
+        else:
+            with self.fs.open(tmp, "wb") as f:
+                f.write(data)
+            self.fs.mv(tmp, final)
+        return final
+
+    def write_parquet(self, relpath: str, table: pa.Table) -> str:
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        return self.write_bytes(relpath, buf.getvalue())
+
+    def write_json(self, relpath: str, obj: Any) -> str:
+        return self.write_bytes(relpath, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+    def write_partition(self, table_name: str, ts: datetime, table: pa.Table, name: str | None = None) -> str:
+        name = name or f"part-{uuid.uuid4().hex}.parquet"
+        return self.write_parquet(f"{self.partition(table_name, ts)}/{name}", table)
+
+    # --- reads ------------------------------------------------------------------------------------
+    def exists(self, relpath: str) -> bool:
+        return self.fs.exists(self.path(relpath))
+
+    def read_parquet(self, relpath: str) -> pa.Table:
+        with self.fs.open(self.path(relpath), "rb") as f:
+            return pq.read_table(f)
+
+    def read_json(self, relpath: str) -> Any:
+        with self.fs.open(self.path(relpath), "rb") as f:
+            return json.loads(f.read())
+
+    def list_files(self, relpath: str) -> list[str]:
+        """Visible Parquet files below relpath (recursive), sorted; temp and hidden files skipped."""
+        root = self.path(relpath)
+        if not self.fs.exists(root):
+            return []
+        out = []
+        for p in self.fs.find(root):
+            if not p.endswith(".parquet"):
+                continue
+            if any(seg.startswith((".", "_")) for seg in p[len(root):].split("/")):
+                continue
+            out.append(p)
+        return sorted(out)
+
+    def hours(self, start: datetime, end: datetime) -> list[datetime]:
+        """Hour partitions overlapping [start, end)."""
+        h, stop = _hour_floor(start), end.astimezone(timezone.utc) if end.tzinfo else end.replace(tzinfo=timezone.utc)
+        out = []
+        while h < stop:
+            out.append(h)
+            h += timedelta(hours=1)
+        return out
+
+    def list_window(self, table: str, start: datetime, end: datetime) -> list[str]:
+        """Parquet files of a raw table whose hour partition overlaps [start, end)."""
+        if table not in RAW_TABLES:
+            raise ValueError(f"unknown raw table {table!r}")
+        files: list[str] = []
+        for h in self.hours(start, end):
+            files.extend(self.list_files(self.partition(table, h)))
+        return files
+
+    def read_window(self, table: str, start: datetime, end: datetime) -> pa.Table | None:
+        files = self.list_window(table, start, end)
+        if not files:
+            return None
+        return pa.concat_tables([pq.read_table(self.fs.open(p, "rb")) for p in files], promote_options="default")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def lake_from_config(cfg) -> Lake:
+    return Lake(cfg.lake_root)

@@ -1,0 +1,169 @@
+"""MLflow as the model registry: checkpoint folders as versions of one registered model, aliases as pointers.
+
+The embedded default is MLflow over SQLite (no server); production points tracking_uri at a server.
+Stages are deprecated in MLflow 3: only aliases (`champion`, `challenger`) are used. Every alias move
+is recorded as a model-version tag with the time and reason, so the history is readable in the UI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from rl_core.schema import now_utc
+
+CHECKPOINT_ARTIFACT = "checkpoint"
+
+
+def client(cfg):
+    """An MlflowClient on the configured tracking/registry URI (the folder for SQLite is created)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = cfg.tracking_uri
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def experiment_id(cfg, name: str | None = None) -> str:
+    """The experiment's id, created with artifacts under the configured artifact root."""
+    c = client(cfg)
+    name = name or cfg.mlflow.experiment
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    root = cfg.artifact_root
+    if "://" not in root:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        root = Path(root).resolve().as_uri()
+    return c.create_experiment(name, artifact_location=f"{root}/{name}")
+
+
+def ensure_registered_model(cfg, description: str = "rtrl policy checkpoints") -> None:
+    from mlflow.exceptions import MlflowException
+
+    c = client(cfg)
+    try:
+        c.get_registered_model(cfg.mlflow.model_name)
+    except MlflowException:
+        c.create_registered_model(cfg.mlflow.model_name, description=description)
+
+
+def register_checkpoint(
+    cfg,
+    ckpt_dir: str | Path,
+    *,
+    run_name: str,
+    tags: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+    metrics: dict[str, float] | None = None,
+    run_id: str | None = None,
+) -> int:
+    """Log the folder as artifacts of an MLflow run (a new one unless run_id) and make it a new version.
+
+    Returns the version number. Tags go on both the run and the version, so the UI can compare runs and
+    the registry page shows lineage.
+    """
+    import mlflow
+
+    c = client(cfg)
+    exp = experiment_id(cfg)
+    tags = {k: str(v) for k, v in (tags or {}).items()}
+    if run_id is None:
+        run = c.create_run(exp, run_name=run_name, tags=tags)
+        run_id = run.info.run_id
+    else:
+        for k, v in tags.items():
+            c.set_tag(run_id, k, v)
+    for k, v in (params or {}).items():
+        c.log_param(run_id, k, v)
+    for k, v in (metrics or {}).items():
+        c.log_metric(run_id, k, float(v))
+    c.log_artifacts(run_id, str(ckpt_dir), CHECKPOINT_ARTIFACT)
+    c.set_terminated(run_id)
+    ensure_registered_model(cfg)
+    artifact_uri = mlflow.get_run(run_id).info.artifact_uri
+    mv = c.create_model_version(
+        cfg.mlflow.model_name, source=f"{artifact_uri}/{CHECKPOINT_ARTIFACT}", run_id=run_id, tags=tags
+    )
+    return int(mv.version)
+
+
+def set_alias(cfg, alias: str, version: int, reason: str) -> None:
+    """Point alias at version and record the move (time, reason, previous holder) as version tags."""
+    c = client(cfg)
+    name = cfg.mlflow.model_name
+    previous = version_for_alias(cfg, alias)
+    c.set_registered_model_alias(name, alias, str(version))
+    stamp = now_utc().strftime("%Y%m%dT%H%M%S%fZ")
+    c.set_model_version_tag(name, str(version), f"alias.{alias}.set_at.{stamp}", reason)
+    if previous is not None and previous != version:
+        c.set_model_version_tag(name, str(version), f"alias.{alias}.previous", str(previous))
+        c.set_model_version_tag(name, str(previous), f"alias.{alias}.removed_at.{stamp}", reason)
+
+
+def delete_alias(cfg, alias: str, reason: str) -> int | None:
+    """Remove an alias; returns the version that held it (None if none did)."""
+    c = client(cfg)
+    name = cfg.mlflow.model_name
+    held = version_for_alias(cfg, alias)
+    if held is None:
+        return None
+    c.delete_registered_model_alias(name, alias)
+    stamp = now_utc().strftime("%Y%m%dT%H%M%S%fZ")
+    c.set_model_version_tag(name, str(held), f"alias.{alias}.removed_at.{stamp}", reason)
+    return held
+
+
+def version_for_alias(cfg, alias: str) -> int | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client(cfg).get_model_version_by_alias(cfg.mlflow.model_name, alias)
+    except MlflowException:
+        return None
+    return int(mv.version)
+
+
+def aliases(cfg) -> dict[str, int]:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        rm = client(cfg).get_registered_model(cfg.mlflow.model_name)
+    except MlflowException:
+        return {}
+    return {a: int(v) for a, v in (rm.aliases or {}).items()}
+
+
+def get_version(cfg, version: int):
+    return client(cfg).get_model_version(cfg.mlflow.model_name, str(version))
+
+
+def checkpoint_path(cfg, version: int) -> Path:
+    """A local folder holding the version's HF checkpoint (the artifact folder itself when it is local)."""
+    mv = get_version(cfg, version)
+    src = mv.source
+    parsed = urlparse(src)
+    if parsed.scheme == "file":
+        local = Path(unquote(parsed.path))
+        if local.is_dir():
+            return local
+    if parsed.scheme == "" and Path(src).is_dir():
+        return Path(src)
+    import mlflow
+
+    dst = cfg.models_dir / "cache" / f"v{version}"
+    if (dst / "config.json").is_file():
+        return dst
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    got = Path(mlflow.artifacts.download_artifacts(artifact_uri=src, dst_path=str(tmp)))
+    os.replace(got if got != tmp else tmp, dst)
+    return dst

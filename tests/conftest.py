@@ -1,0 +1,72 @@
+"""Shared fixtures: every test runs on the tiny profile with its own RTRL_HOME (lake, MLflow, models).
+
+The tiny model is built once per session and copied into each test's home; Airflow gets a session
+AIRFLOW_HOME set before anything imports airflow (Airflow reads it at import time).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="rtrl-tests-"))
+
+os.environ["RTRL_PROFILE"] = "tiny"
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RTRL_CACHE", str(Path.home() / ".cache" / "rtrl"))
+os.environ["AIRFLOW_HOME"] = str(_SESSION_TMP / "airflow")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
+os.environ["GIT_PYTHON_REFRESH"] = "quiet"
+os.environ["MLFLOW_ENABLE_ASYNC_LOGGING"] = "false"
+for _k in [k for k in os.environ if k.startswith("RTRL_") and "__" in k]:
+    del os.environ[_k]  # a developer's overrides must not leak into tests
+
+
+@pytest.fixture
+def rtrl_home(tmp_path, monkeypatch) -> Path:
+    """A fresh RTRL_HOME for this test."""
+    home = tmp_path / "var"
+    home.mkdir()
+    monkeypatch.setenv("RTRL_HOME", str(home))
+    monkeypatch.setenv("RTRL_CONFIG", str(REPO / "rtrl.toml"))
+    return home
+
+
+@pytest.fixture
+def cfg(rtrl_home):
+    """The effective tiny-profile config rooted at this test's RTRL_HOME."""
+    from rl_core.config import load_config
+
+    return load_config()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint() -> Path:
+    """The tiny random-init checkpoint (built once per session; treat as read-only)."""
+    from rl_core.config import load_config
+    from rl_core.models import build_tiny
+
+    mc = load_config(REPO / "rtrl.toml", environ={"RTRL_PROFILE": "tiny"}).model
+    return build_tiny(_SESSION_TMP / "models" / "tiny", mc)
+
+
+@pytest.fixture
+def registered(cfg, tiny_checkpoint):
+    """cfg whose MLflow registry holds the tiny model as version 1, alias champion (as after `rtrl init`)."""
+    from rl_core.init import init
+
+    target = cfg.models_dir / "tiny"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(tiny_checkpoint, target)
+    init(cfg, check_generation=False)
+    return cfg
