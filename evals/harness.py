@@ -1,0 +1,115 @@
+"""One task, one policy, one episode: the multi-turn agent loop and its score.
+
+The model sees a system prompt, the user's terse request with the repository's files attached (as an
+IDE would attach open files), and the task's tools. Each turn its tool calls run against a private
+working copy; the loop ends when it answers without a tool call or the turn budget is spent. Then the
+hidden tests run on the final working copy in the sandbox. Nothing the model writes runs outside it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from evals import sandbox
+from evals.policies import Policy
+from evals.tasks import Task
+from evals.tools import Workspace, openai_tools, run_tests
+
+SYSTEM_PROMPT = (
+    "You are a coding assistant working in the user's repository. Make the change they ask for by calling "
+    "the tools; run the tests when useful. Prefer acting over asking when the request has a sensible reading."
+)
+
+
+@dataclass
+class Budget:
+    max_turns: int = 4
+    max_tokens: int = 256
+    temperature: float = 0.0
+    limits: sandbox.Limits = field(default_factory=sandbox.Limits)
+
+    @classmethod
+    def from_config(cls, ec) -> Budget:
+        """From a config.EvalConfig."""
+        return cls(ec.max_turns, ec.max_tokens, ec.temperature, sandbox.Limits(timeout_s=ec.timeout_s))
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    kind: str
+    policy: str
+    passed: bool
+    hidden_passed: int
+    hidden_failed: int
+    test_status: str  # the sandbox status of the hidden-test run
+    turns: int
+    tool_calls: int
+    valid_tool_calls: int
+    clarified: bool  # asked a question instead of acting (no file changed before it)
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: float  # time spent in the policy
+    duration_s: float  # the whole episode, hidden tests included
+    error: str = ""
+    transcript: str = "[]"  # JSON of the messages, for reading a failure
+
+    @property
+    def invalid_tool_rate(self) -> float:
+        return 1.0 - self.valid_tool_calls / self.tool_calls if self.tool_calls else 0.0
+
+    def row(self) -> dict:
+        return {**asdict(self), "invalid_tool_rate": self.invalid_tool_rate}
+
+
+def request_text(task: Task) -> str:
+    """The user's message: the request first (one line), then the attached files."""
+    parts = [task.prompt.strip(), "", "Repository files:"]
+    for path, text in sorted(task.files.items()):
+        parts += [f"--- {path}", text.rstrip()]
+    return "\n".join(parts)
+
+
+def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
+    t0 = time.perf_counter()
+    tools = openai_tools(task.tools)
+    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": request_text(task)}]
+    turns = calls = valid = p_tok = c_tok = 0
+    latency = 0.0
+    clarified = False
+    error = ""
+    with tempfile.TemporaryDirectory(prefix="rtrl-ep-") as tmp:
+        ws = Workspace(Path(tmp), task.files, task.tools, budget.limits)
+        original = ws.snapshot()
+        try:
+            for _ in range(budget.max_turns):
+                c = policy.complete(messages, tools, budget.max_tokens, budget.temperature)
+                turns += 1
+                p_tok += c.prompt_tokens
+                c_tok += c.completion_tokens
+                latency += c.latency_ms
+                msg: dict = {"role": "assistant", "content": c.content}
+                if c.tool_calls:
+                    msg["tool_calls"] = c.tool_calls
+                messages.append(msg)
+                if not c.tool_calls:
+                    clarified = "?" in c.content and ws.snapshot() == original
+                    break
+                for call in c.tool_calls:
+                    res = ws.execute(call["function"]["name"], call["function"].get("arguments") or "")
+                    calls += 1
+                    valid += res.valid
+                    messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": res.content})
+        except Exception as exc:  # the policy failed (HTTP error, OOM...): the task fails, the suite goes on
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        final = ws.snapshot()
+    tr = run_tests({**final, **task.hidden_tests}, sorted(task.hidden_tests), budget.limits)
+    return TaskResult(
+        task.id, task.kind, policy.name, tr.passed and not error, tr.n_passed, tr.n_failed, tr.status, turns, calls,
+        valid, clarified, p_tok, c_tok, round(latency, 1), round(time.perf_counter() - t0, 3), error,
+        json.dumps(messages)[:50_000],
+    )

@@ -1,0 +1,107 @@
+"""The paired comparison (Miller 2024) and the "eval" verdict the promotion gate reads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from evals.compare import compare, compare_policies, paired
+from evals.harness import TaskResult
+from evals.policies import AskingPolicy, BrokenToolPolicy, OraclePolicy
+from evals.tasks import load_tasks
+from rl_core.lake import lake_from_config
+from rl_core.reports import read_verdict
+
+
+def _r(task_id: str, passed: bool, clarified: bool = False, calls: int = 1, valid: int = 1) -> TaskResult:
+    return TaskResult(task_id, "bugfix", "p", passed, int(passed), int(not passed), "passed", 1, calls, valid,
+                      clarified, 10, 5, 1.0, 0.1)
+
+
+def test_paired_se_matches_hand_computation():
+    base = [_r(f"t{i}", p) for i, p in enumerate([1, 1, 0, 1, 0])]
+    cand = [_r(f"t{i}", p) for i, p in enumerate([1, 0, 0, 1, 1])]
+    m = paired(cand, base, "passed", tolerance=0.0)
+    diffs = [0, -1, 0, 0, 1]
+    mean = sum(diffs) / 5
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4 / 5)
+    assert m.n == 5 and m.mean_diff == pytest.approx(mean) and m.se == pytest.approx(se)
+    assert m.ci_low == pytest.approx(mean - 1.96 * se) and not m.regression
+
+
+def test_paired_is_tighter_than_unpaired_when_tasks_differ_in_difficulty():
+    # hard tasks fail for both, easy pass for both; the candidate loses exactly one: a small, sure drop
+    base = [_r(f"t{i}", i < 15) for i in range(30)]
+    cand = [_r(f"t{i}", i < 14) for i in range(30)]
+    m = paired(cand, base, "passed", tolerance=0.0)
+    unpaired = math.sqrt((0.5 * 0.5 + (14 / 30) * (16 / 30)) / 30)
+    assert m.se < unpaired / 2
+
+
+def test_tolerance_and_significance_both_required():
+    base = [_r(f"t{i}", True) for i in range(20)]
+    one_loss = [_r(f"t{i}", i != 0) for i in range(20)]
+    assert not paired(one_loss, base, "passed", tolerance=0.1).regression  # within tolerance
+    noisy = [_r(f"t{i}", i % 2 == 0) for i in range(4)]
+    noisy_base = [_r(f"t{i}", i % 2 == 1 or i == 0) for i in range(4)]
+    assert not paired(noisy, noisy_base, "passed", tolerance=0.0).regression  # not significant
+    all_lost = [_r(f"t{i}", False) for i in range(20)]
+    assert paired(all_lost, base, "passed", tolerance=0.1).regression
+
+
+def test_clarifying_more_is_a_regression_even_at_equal_pass_rate():
+    base = [_r(f"t{i}", False) for i in range(10)]
+    cand = [_r(f"t{i}", False, clarified=True, calls=0, valid=0) for i in range(10)]
+    result = compare("r", cand, base, tolerance=0.02)
+    assert result.verdict == "regression" and not result.passed
+    assert [m.metric for m in result.metrics if m.regression] == ["clarified"]
+
+
+def test_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="unknown metric"):
+        paired([_r("a", True)], [_r("a", True)], "vibes", 0.0)
+    with pytest.raises(ValueError, match="share no task"):
+        paired([_r("a", True)], [_r("b", True)], "passed", 0.0)
+
+
+def test_planted_asking_candidate_is_judged_a_regression(cfg):
+    tasks = load_tasks(cfg.path(cfg.eval.tasks_dir), limit=cfg.eval.task_limit)
+    result = compare_policies(cfg, "cycle-asking", AskingPolicy(), OraclePolicy(tasks), tasks)
+    assert result.verdict == "regression" and not result.passed
+    assert {m.metric for m in result.metrics if m.regression} == {"passed", "clarified"}
+    lake = lake_from_config(cfg)
+    v = read_verdict(lake, "cycle-asking", "eval")
+    assert v is not None and not v.passed and any(r.startswith("passed:") for r in v.reasons)
+    table = lake.read_parquet("runs/cycle-asking/eval/results.parquet")
+    assert table.num_rows == 2 * len(tasks) and set(table.column("role").to_pylist()) == {"candidate", "baseline"}
+    assert "regression" in lake.fs.cat(lake.path("runs/cycle-asking/eval/report.md")).decode()
+
+
+def test_planted_broken_tool_candidate_regresses_on_validity(cfg):
+    tasks = load_tasks(cfg.path(cfg.eval.tasks_dir), limit=4)
+    result = compare_policies(cfg, "cycle-broken", BrokenToolPolicy(), OraclePolicy(tasks), tasks)
+    assert {m.metric for m in result.metrics if m.regression} == {"passed", "invalid_tool_rate"}
+
+
+def test_good_candidate_passes(cfg):
+    tasks = load_tasks(cfg.path(cfg.eval.tasks_dir), limit=4)
+    result = compare_policies(cfg, "cycle-good", OraclePolicy(tasks), OraclePolicy(tasks), tasks)
+    assert result.verdict == "no_regression" and result.passed
+    assert read_verdict(lake_from_config(cfg), "cycle-good", "eval").passed
+
+
+def test_evaluate_checkpoint_writes_results_and_verdict(cfg, tiny_checkpoint):
+    """The cycle's entry point on a real checkpoint (the baseline given as a policy: no registry needed here;
+    tests/test_evals_cli.py runs it against the MLflow-registered version)."""
+    from evals.compare import evaluate
+    from evals.policies import LocalPolicy
+
+    cfg.eval.task_limit = 3
+    result = evaluate(cfg, "cycle-20261202T1000", tiny_checkpoint, 1,
+                      baseline=LocalPolicy(tiny_checkpoint, name="rtrl-policy/1"))
+    assert result.verdict == "no_regression" and all(m.mean_diff == 0 for m in result.metrics)
+    lake = lake_from_config(cfg)
+    v = read_verdict(lake, "cycle-20261202T1000", "eval")
+    assert v.passed and v.details["n_tasks"] == 3 and v.details["candidate"].startswith("candidate:")
+    assert lake.read_parquet("runs/cycle-20261202T1000/eval/results.parquet").num_rows == 6
