@@ -1,0 +1,114 @@
+"""The A/B report: a markdown table and a PNG chart, kept in the lake and logged to MLflow.
+
+One MLflow run per analysed window (tag ab_window), reused when the same window is analysed again, so
+a rerun overwrites its artifacts instead of piling up runs. Decision and versions are tags (a late
+rerun with more feedback may change them; MLflow params could not be changed).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import tempfile
+from pathlib import Path
+
+from rl_core.lake import Lake
+
+ARTIFACT_DIR = "ab"
+
+
+def window_key(result) -> str:
+    return f"{result.since:%Y%m%dT%H%M%SZ}_{result.until:%Y%m%dT%H%M%SZ}"
+
+
+def to_markdown(result) -> str:
+    pct = int(round((1 - result.alpha) * 100))
+    lines = [
+        f"## A/B: challenger v{result.challenger_version} vs champion v{result.champion_version}",
+        f"window {result.since.isoformat()} .. {result.until.isoformat()}; decision **{result.decision}**",
+        "",
+        "| arm | interactions | users |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {arm} | {result.n.get(arm, 0)} | {result.users.get(arm, 0)} |" for arm in ("champion", "challenger")]
+    lines += [
+        "",
+        f"| metric | champion | challenger | diff | {pct}% CI | p | method | |",
+        "|---|---:|---:|---:|---|---:|---|---|",
+    ]
+    for m in result.metrics.values():
+        flag = "better" if m.better else "worse" if m.worse else ""
+        lines.append(
+            f"| {m.name} | {m.champion:.4g} | {m.challenger:.4g} | {m.diff:+.4g} | [{m.lo:+.4g}, {m.hi:+.4g}] "
+            f"| {m.p_value:.3g} | {m.method} | {flag} |"
+        )
+    lines += ["", "reasons:"] + [f"- {r}" for r in result.reasons]
+    return "\n".join(lines) + "\n"
+
+
+def chart_png(result) -> bytes:
+    """Relative difference (% of the champion's value) with its interval, one row per metric."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = list(result.metrics.values())
+    fig, ax = plt.subplots(figsize=(7, 0.6 * max(len(metrics), 1) + 1.5))
+    for i, m in enumerate(metrics):
+        scale = 100.0 / abs(m.champion) if m.champion else 0.0
+        color = "tab:green" if m.better else "tab:red" if m.worse else "tab:gray"
+        ax.errorbar(m.diff * scale, i, xerr=[[(m.diff - m.lo) * scale], [(m.hi - m.diff) * scale]],
+                    fmt="o", color=color, capsize=4)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(metrics)), [m.name for m in metrics])
+    ax.set_xlabel("challenger - champion (% of champion)")
+    ax.set_title(f"v{result.challenger_version} vs v{result.champion_version}: {result.decision}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def publish(cfg, result) -> None:
+    """Write report.json / report.md / chart.png to the lake (ab/<window>/) and to an MLflow run."""
+    from mlflow.entities import Metric
+
+    from rl_core.registry import store
+
+    files = {
+        "report.json": json.dumps(result.model_dump(mode="json", exclude={"report_path", "mlflow_run_id"}),
+                                  indent=2, sort_keys=True).encode(),
+        "report.md": to_markdown(result).encode(),
+        "chart.png": chart_png(result),
+    }
+    lake = Lake(cfg.lake_root)
+    key = window_key(result)
+    for name, data in files.items():
+        lake.write_bytes(f"ab/{key}/{name}", data)
+    result.report_path = lake.url("ab", key)
+
+    c = store.client(cfg)
+    exp = store.experiment_id(cfg)
+    found = c.search_runs([exp], filter_string=f"tags.ab_window = '{key}'", max_results=1)
+    run_id = found[0].info.run_id if found else c.create_run(exp, run_name=f"ab-{key}",
+                                                            tags={"ab_window": key, "kind": "ab"}).info.run_id
+    tags = {"decision": result.decision, "champion_version": result.champion_version,
+            "challenger_version": result.challenger_version, "since": result.since.isoformat(),
+            "until": result.until.isoformat(), "cuped": result.cuped}
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+    values = {f"n_{arm}": float(n) for arm, n in result.n.items()}
+    for m in result.metrics.values():
+        for field in ("champion", "challenger", "diff", "lo", "hi", "p_value"):
+            values[f"{m.name}.{field}"] = float(getattr(m, field))
+    stamp = int(result.until.timestamp() * 1000)
+    c.log_batch(run_id, metrics=[Metric(k, v, stamp, 0) for k, v in values.items() if math.isfinite(v)])
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            (Path(tmp) / name).write_bytes(data)
+        c.log_artifacts(run_id, tmp, ARTIFACT_DIR)
+    c.set_terminated(run_id)
+    result.mlflow_run_id = run_id

@@ -1,0 +1,154 @@
+"""`rtrl register | deploy | ab | promote | rollback`: the registry stages by hand.
+
+Each prints what it did and exits non-zero when it refused (a failed gate, nothing to promote), so a
+shell script can chain them like the DAG does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+
+
+def parse_time(value: str) -> datetime:
+    """ISO 8601 (UTC when no offset) or a relative age such as 5h, 30m, 2d (that long ago)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", value.strip())
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]
+        return datetime.now(timezone.utc) - timedelta(**{unit: float(m.group(1))})
+    try:
+        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected ISO 8601 (2026-12-02T10:00Z) or an age (5h)") from None
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def _cfg():
+    from rl_core.config import load_config
+
+    return load_config()
+
+
+def _fail(cmd: str, exc: Exception) -> int:
+    print(f"rtrl {cmd}: {exc}", file=sys.stderr)
+    return 1
+
+
+# --- register -------------------------------------------------------------------------------------
+
+def add_register(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-id", required=True, help="the cycle run whose checkpoint to register")
+    p.set_defaults(run=_register)
+
+
+def _register(args) -> int:
+    from rl_core.registry.register import RegisterError, register_run
+
+    cfg = _cfg()
+    try:
+        version = register_run(cfg, args.run_id)
+    except RegisterError as exc:
+        return _fail("register", exc)
+    print(f"{cfg.mlflow.model_name} version {version} <- run {args.run_id}")
+    return 0
+
+
+# --- deploy ---------------------------------------------------------------------------------------
+
+def add_deploy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--version", type=int, help="default: the version registered for --run-id")
+    p.set_defaults(run=_deploy)
+
+
+def _deploy(args) -> int:
+    from rl_core.lake import Lake
+    from rl_core.registry.deploy import deploy
+    from rl_core.registry.register import find_version
+    from rl_core.reports import read_verdict
+
+    cfg = _cfg()
+    version = args.version or find_version(cfg, args.run_id)
+    if version is None:
+        return _fail("deploy", ValueError(f"no version registered for run {args.run_id}: run `rtrl register` first"))
+    if deploy(cfg, args.run_id, version):
+        print(f"version {version} is now the challenger")
+        return 0
+    v = read_verdict(Lake(cfg.lake_root), args.run_id, "promotion")
+    print(f"version {version} NOT deployed:", file=sys.stderr)
+    for r in (v.reasons if v else []):
+        print(f"  - {r}", file=sys.stderr)
+    return 1
+
+
+# --- ab -------------------------------------------------------------------------------------------
+
+def add_ab(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", required=True, type=parse_time, help="window start: ISO 8601 or an age like 5h")
+    p.add_argument("--until", type=parse_time, help="window end (default: now)")
+    p.add_argument("--cuped", action=argparse.BooleanOptionalAction, default=None, help="default: [ab] cuped")
+    p.add_argument("--apply", action="store_true", help="carry out the verdict (promote / roll back)")
+    p.add_argument("--no-log", action="store_true", help="do not write the report to the lake and MLflow")
+    p.set_defaults(run=_ab)
+
+
+def _ab(args) -> int:
+    from rl_core.registry.ab import ab_verdict, apply_verdict
+    from rl_core.registry.ab_report import to_markdown
+
+    cfg = _cfg()
+    try:
+        result = ab_verdict(cfg, args.since, args.until, cuped=args.cuped, log=not args.no_log)
+    except ValueError as exc:
+        return _fail("ab", exc)
+    print(to_markdown(result), end="")
+    if result.report_path:
+        print(f"report: {result.report_path} (mlflow run {result.mlflow_run_id})")
+    if args.apply:
+        print(f"applied: {apply_verdict(cfg, result)}")
+    return 0
+
+
+# --- promote / rollback ---------------------------------------------------------------------------
+
+def add_promote(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--reason", default="manual promote (rtrl promote)")
+    p.add_argument("--expected", type=int, help="refuse unless the challenger is this version")
+    p.set_defaults(run=_promote)
+
+
+def _promote(args) -> int:
+    from rl_core.registry.promote import RegistryError, promote
+
+    try:
+        version = promote(_cfg(), args.reason, expected=args.expected)
+    except RegistryError as exc:
+        return _fail("promote", exc)
+    print(f"champion <- version {version}; challenger alias removed")
+    return 0
+
+
+def add_rollback(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--challenger", action="store_true",
+                   help="drop the challenger instead of restoring the previous champion")
+    p.add_argument("--reason", default="manual rollback (rtrl rollback)")
+    p.set_defaults(run=_rollback)
+
+
+def _rollback(args) -> int:
+    from rl_core.registry.promote import RegistryError, drop_challenger, restore_previous_champion
+
+    cfg = _cfg()
+    try:
+        if args.challenger:
+            version = drop_challenger(cfg, args.reason)
+            print(f"challenger alias removed from version {version} (tagged rolled_back)")
+        else:
+            old, new = restore_previous_champion(cfg, args.reason)
+            print(f"champion <- version {new} (was {old}, tagged rolled_back); the gateway reloads within "
+                  f"{cfg.serving.alias_poll_s:g}s")
+    except RegistryError as exc:
+        return _fail("rollback", exc)
+    return 0

@@ -1,0 +1,45 @@
+"""Deploy: the only code path that sets the `challenger` alias.
+
+A version becomes the challenger only when the promotion gate passes for the run that produced it,
+and only if that version really is the run's checkpoint (its run_id tag), so no verdict of one run can
+carry another model. The serving gateway's auto router then sends it serving.challenger_share of
+traffic (by a stable hash of user_id) within one alias poll interval.
+"""
+
+from __future__ import annotations
+
+from rl_core.lake import Lake
+from rl_core.registry import gate, store
+from rl_core.reports import Verdict, write_verdict
+
+
+def deploy(cfg, run_id: str, version: int) -> bool:
+    """Gate, then alias `challenger` -> version. Returns True when the alias moved; False otherwise."""
+    from mlflow.exceptions import MlflowException
+
+    verdict = gate.decide(cfg, run_id)
+    c = store.client(cfg)
+    name = cfg.mlflow.model_name
+    extra: list[str] = []
+    try:
+        mv = c.get_model_version(name, str(version))
+    except MlflowException:
+        extra.append(f"version {version} of {name} does not exist")
+        mv = None
+    if mv is not None:
+        tagged = (mv.tags or {}).get("run_id")
+        if tagged != run_id:
+            extra.append(f"version {version} was registered for run {tagged!r}, not {run_id!r}")
+        if store.version_for_alias(cfg, "champion") == int(version):
+            extra.append(f"version {version} is already the champion")
+    if extra:
+        verdict = Verdict(name=verdict.name, passed=False, reasons=verdict.reasons + extra, details=verdict.details)
+        write_verdict(Lake(cfg.lake_root), run_id, verdict)
+    if mv is not None:
+        c.set_model_version_tag(name, str(version), "promotion", "passed" if verdict.passed else "refused")
+        if not verdict.passed:
+            c.set_model_version_tag(name, str(version), "promotion.reasons", "; ".join(verdict.reasons)[:4000])
+    if not verdict.passed:
+        return False
+    store.set_alias(cfg, "challenger", int(version), f"deploy {run_id}: every gate passed")
+    return True

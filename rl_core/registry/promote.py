@@ -1,0 +1,114 @@
+"""Promote and roll back: the alias moves that follow an A/B verdict or an operator's command.
+
+Each move is one MLflow alias write, recorded by store.set_alias / store.delete_alias as model-version
+tags (`alias.<alias>.set_at.<stamp>` / `removed_at.<stamp>` = reason), so the registry UI shows who held
+which alias, when and why. Orders are chosen so that a crash between two writes leaves a state that
+serves correctly: promote points `champion` at the challenger first, then removes `challenger` (in
+between both aliases name the same version, which serves the same weights). `expected=` guards against
+acting on a stale decision (another deploy moved the alias since it was taken).
+
+`restore_previous_champion` (`rtrl rollback`) reads the champion history back from those tags and
+moves `champion` to the last holder before the current one that was never rolled back. The serving
+gateway polls the aliases (serving.alias_poll_s) and reloads, so it serves that version within one
+poll interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl_core.registry import store
+from rl_core.schema import now_utc
+
+ROLLED_BACK = "rolled_back"  # version tag: set when a version is removed from an alias by a rollback
+
+
+class RegistryError(RuntimeError):
+    """An alias move was refused (nothing to move, or the registry changed under the caller)."""
+
+
+@dataclass
+class AliasMove:
+    stamp: str  # UTC, sortable (YYYYmmddTHHMMSSffffffZ)
+    alias: str
+    version: int
+    reason: str
+
+
+def _stamp() -> str:
+    return now_utc().strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def _all_versions(cfg):
+    c = store.client(cfg)
+    return c.search_model_versions(f"name='{cfg.mlflow.model_name}'")
+
+
+def history(cfg, alias: str = "champion") -> list[AliasMove]:
+    """Every recorded assignment of `alias`, oldest first (from the alias.<alias>.set_at.* version tags)."""
+    prefix = f"alias.{alias}.set_at."
+    moves = [
+        AliasMove(k[len(prefix):], alias, int(mv.version), v)
+        for mv in _all_versions(cfg)
+        for k, v in (mv.tags or {}).items()
+        if k.startswith(prefix)
+    ]
+    return sorted(moves, key=lambda m: (m.stamp, m.version))
+
+
+def _require(cfg, alias: str, expected: int | None) -> int:
+    held = store.version_for_alias(cfg, alias)
+    if held is None:
+        raise RegistryError(f"no version holds alias {alias!r}")
+    if expected is not None and held != expected:
+        raise RegistryError(f"alias {alias!r} is at version {held}, not the expected {expected}: refusing a stale move")
+    return held
+
+
+def promote(cfg, reason: str, expected: int | None = None) -> int:
+    """champion <- challenger, then the challenger alias is removed. Returns the new champion version."""
+    version = _require(cfg, "challenger", expected)
+    store.set_alias(cfg, "champion", version, f"promote: {reason}")
+    store.delete_alias(cfg, "challenger", f"promoted to champion: {reason}")
+    store.client(cfg).set_model_version_tag(cfg.mlflow.model_name, str(version), f"promoted_at.{_stamp()}", reason)
+    return version
+
+
+def drop_challenger(cfg, reason: str, expected: int | None = None) -> int:
+    """Remove the challenger alias and tag its version rolled_back. Returns that version."""
+    version = _require(cfg, "challenger", expected)
+    store.delete_alias(cfg, "challenger", f"rollback: {reason}")
+    _mark_rolled_back(cfg, version, reason)
+    return version
+
+
+def _mark_rolled_back(cfg, version: int, reason: str) -> None:
+    c = store.client(cfg)
+    name = cfg.mlflow.model_name
+    c.set_model_version_tag(name, str(version), ROLLED_BACK, "true")
+    c.set_model_version_tag(name, str(version), f"{ROLLED_BACK}_at.{_stamp()}", reason)
+
+
+def rolled_back_versions(cfg) -> set[int]:
+    return {int(mv.version) for mv in _all_versions(cfg) if (mv.tags or {}).get(ROLLED_BACK) == "true"}
+
+
+def previous_champion(cfg) -> int | None:
+    """The last champion before the current one that was never rolled back (None if there is none)."""
+    current = store.version_for_alias(cfg, "champion")
+    bad = rolled_back_versions(cfg)
+    for move in reversed(history(cfg, "champion")):
+        if move.version != current and move.version not in bad:
+            return move.version
+    return None
+
+
+def restore_previous_champion(cfg, reason: str) -> tuple[int, int]:
+    """champion <- the previous champion; the demoted version is tagged rolled_back. Returns (from, to)."""
+    current = _require(cfg, "champion", None)
+    target = previous_champion(cfg)
+    if target is None:
+        raise RegistryError(f"no previous champion recorded before version {current}: nothing to roll back to")
+    store.set_alias(cfg, "champion", target, f"rollback from {current}: {reason}")
+    _mark_rolled_back(cfg, current, reason)
+    return current, target

@@ -1,0 +1,161 @@
+"""Register a cycle's trained checkpoint as a new version of the policy model, with its lineage.
+
+Why lineage on the version: a version that serves users must answer "trained from what, on which
+data, scored how, judged by what" from the registry alone. Tags (parent_version, data_window, run_id,
+episodes, reward_config_hash, verdict.<name>) go on the version and its MLflow run; trainer metrics
+(train_*) and eval results (eval_*) are metrics on that run, so the MLflow UI compares any two
+checkpoints side by side.
+
+Inputs, all from the run's folder in the lake: train/summary.json (checkpoint path, base version,
+trainer metrics, the trainer's MLflow run id if it logged one), harvest.json (window, policy version),
+episodes.parquet (count), rewards.parquet (reward_config_hash), verdicts/*.json. Registering the same
+run twice returns the existing version (found by its run_id tag): reruns and retries are safe.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from rl_core.lake import Lake
+from rl_core.registry import store
+from rl_core.reports import read_verdicts
+
+CHECKPOINT_KEYS = ("checkpoint", "checkpoint_dir", "checkpoint_path")
+PARENT_KEYS = ("base_version", "parent_version")
+RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]*")  # also safe inside an MLflow filter string
+
+
+class RegisterError(ValueError):
+    """The run's files do not describe a registrable checkpoint; the message names the file and field."""
+
+
+def find_version(cfg, run_id: str) -> int | None:
+    """The version already registered for run_id (by its run_id tag), if any."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = store.client(cfg).search_model_versions(
+            f"name='{cfg.mlflow.model_name}' and tags.run_id = '{run_id}'"
+        )
+    except MlflowException:
+        return None
+    versions = sorted(int(mv.version) for mv in found)
+    return versions[0] if versions else None
+
+
+def _first(d: dict, keys: tuple[str, ...]):
+    return next((d[k] for k in keys if d.get(k) not in (None, "")), None)
+
+
+def numeric_leaves(obj: Any, prefix: str, depth: int = 3) -> dict[str, float]:
+    """Flatten nested dicts to {prefix_key_sub: float} for finite numbers (bools excluded)."""
+    out: dict[str, float] = {}
+    if depth < 0 or not isinstance(obj, dict):
+        return out
+    for k, v in obj.items():
+        key = re.sub(r"[^A-Za-z0-9_./ -]", "_", f"{prefix}_{k}")
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[key] = float(v)
+        elif isinstance(v, dict):
+            out.update(numeric_leaves(v, key, depth - 1))
+    return out
+
+
+def _count_rows(lake: Lake, relpath: str) -> int | None:
+    if not lake.exists(relpath):
+        return None
+    with lake.fs.open(lake.path(relpath), "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def _reward_hash(lake: Lake, relpath: str) -> str | None:
+    if not lake.exists(relpath):
+        return None
+    hashes = set(lake.read_parquet(relpath).column("reward_config_hash").unique().to_pylist()) - {None}
+    if len(hashes) > 1:
+        raise RegisterError(f"{relpath}: reward_config_hash has {len(hashes)} values {sorted(hashes)}; expected one")
+    return hashes.pop() if hashes else None
+
+
+def lineage(cfg, run_id: str) -> dict[str, Any]:
+    """Everything register_run records, read from the run's files (raises RegisterError when unusable)."""
+    lake = Lake(cfg.lake_root)
+    run_dir = lake.run_dir(run_id)
+    summary_path = f"{run_dir}/train/summary.json"
+    if not lake.exists(summary_path):
+        raise RegisterError(f"{lake.path(summary_path)}: no trainer summary (did `train` run for {run_id}?)")
+    summary = lake.read_json(summary_path)
+    if not isinstance(summary, dict):
+        raise RegisterError(f"{summary_path}: expected a JSON object")
+    harvest = lake.read_json(f"{run_dir}/harvest.json") if lake.exists(f"{run_dir}/harvest.json") else {}
+
+    ckpt = _first(summary, CHECKPOINT_KEYS) or str(cfg.models_dir / "runs" / run_id / "checkpoint")
+    if not Path(ckpt).is_dir():
+        raise RegisterError(f"{summary_path}: checkpoint folder {ckpt} does not exist")
+    parent = _first(summary, PARENT_KEYS) or harvest.get("policy_version")
+    try:
+        parent = int(parent)
+    except (TypeError, ValueError):
+        raise RegisterError(f"{summary_path}: base_version missing or not an integer ({parent!r})") from None
+
+    window = summary.get("data_window") or ""
+    if not window and harvest.get("start") and harvest.get("end"):
+        window = f"{harvest['start']}/{harvest['end']}"
+    episodes = _count_rows(lake, f"{run_dir}/episodes.parquet")
+    if episodes is None:
+        episodes = harvest.get("n_episodes", summary.get("episodes"))
+    reward_hash = _reward_hash(lake, f"{run_dir}/rewards.parquet") or summary.get("reward_config_hash") or ""
+
+    verdicts = read_verdicts(lake, run_id)
+    metrics = numeric_leaves(summary["metrics"] if isinstance(summary.get("metrics"), dict) else summary, "train")
+    if "eval" in verdicts:
+        metrics.update(numeric_leaves(verdicts["eval"].details, "eval"))
+    tags = {
+        "kind": "cycle",
+        "run_id": run_id,
+        "parent_version": parent,
+        "data_window": window,
+        "episodes": "" if episodes is None else int(episodes),
+        "reward_config_hash": reward_hash,
+        **{f"verdict.{name}": "passed" if v.passed else "failed" for name, v in verdicts.items()},
+    }
+    return {"checkpoint": Path(ckpt), "tags": tags, "metrics": metrics,
+            "mlflow_run_id": summary.get("mlflow_run_id") or None}
+
+
+def _existing_run(cfg, mlflow_run_id: str | None) -> str | None:
+    """The trainer's MLflow run when it exists in this tracking store (else a new run is made)."""
+    from mlflow.exceptions import MlflowException
+
+    if not mlflow_run_id:
+        return None
+    try:
+        store.client(cfg).get_run(mlflow_run_id)
+    except MlflowException:
+        return None
+    return mlflow_run_id
+
+
+def register_run(cfg, run_id: str) -> int:
+    """The run's checkpoint as a new version of cfg.mlflow.model_name (or the version it already has)."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise RegisterError(f"run_id {run_id!r} must be a plain name (letters, digits, _ . : + -)")
+    existing = find_version(cfg, run_id)
+    if existing is not None:
+        return existing
+    info = lineage(cfg, run_id)
+    return store.register_checkpoint(
+        cfg,
+        info["checkpoint"],
+        run_name=run_id,
+        tags=info["tags"],
+        metrics=info["metrics"],
+        run_id=_existing_run(cfg, info["mlflow_run_id"]),
+    )
