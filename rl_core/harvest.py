@@ -1,0 +1,259 @@
+"""Harvest: one cycle's window of raw interactions + feedback -> runs/<run_id>/episodes.parquet.
+
+DuckDB reads the window's Parquet files straight from the lake (sql/harvest.sql does the selection,
+the join and the feedback aggregation), so a million interactions never pass through pandas or Python
+rows. The output is sorted and written atomically: the same window, policy version and config always
+give the same file, which is what makes Airflow retries and backfills safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rl_core.config import REPO_ROOT, Config
+from rl_core.lake import Lake
+from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, TS
+
+SQL_DIR = REPO_ROOT / "sql"
+BATCH_ROWS = 65_536
+
+# The contract of episodes.parquet (the trainer, rewards and gates read it).
+EPISODES_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("org_id", pa.string()),
+        ("user_id", pa.string()),
+        ("session_id", pa.string()),
+        ("turn_index", pa.int32()),
+        ("ts_request", TS),
+        ("model_version", pa.int64()),
+        ("arm", pa.string()),
+        ("version_lag", pa.int32()),
+        ("messages", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("completion_logprobs", pa.list_(pa.float32())),
+        ("completion_text", pa.string()),
+        ("tool_calls", pa.string()),
+        ("finish_reason", pa.string()),
+        ("latency_ms", pa.float64()),
+        ("n_feedback", pa.int32()),
+        ("edit_applied", pa.bool_()),
+        ("edit_persisted", pa.bool_()),
+        ("edit_persisted_hours", pa.float64()),
+        ("edit_reverted", pa.bool_()),
+        ("followup_text", pa.string()),
+        ("tool_result_ok", pa.int32()),
+        ("tool_result_fail", pa.int32()),
+        ("thumbs_up", pa.int32()),
+        ("thumbs_down", pa.int32()),
+        ("session_end", pa.bool_()),
+        ("credit_weight", pa.float64()),
+    ]
+)
+
+
+@dataclass
+class HarvestResult:
+    run_id: str
+    path: str
+    start: str
+    end: str
+    policy_version: int
+    granularity: str
+    n_interactions: int  # in the window, any version
+    n_episodes: int
+    n_stale: int  # in the window but outside [policy_version - max_staleness, policy_version]
+    n_with_feedback: int
+    n_interaction_files: int
+    n_feedback_files: int
+
+
+# --- DuckDB helpers shared by rewards and quality -----------------------------------------------------
+
+def load_sql(name: str) -> str:
+    """The text of sql/<name> (every statement lives in sql/, one file per query)."""
+    path = SQL_DIR / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no SQL file {path}")
+    return path.read_text()
+
+
+def connect(lake: Lake, threads: int | None = None, memory_limit: str | None = "1536MB"):
+    """A DuckDB connection that can read the lake (fsspec filesystems registered for remote lakes)."""
+    import duckdb
+
+    # big sorts spill here (per process: concurrent processes must not share DuckDB's temp file names)
+    spill = os.path.join(tempfile.gettempdir(), f"rtrl-duckdb-{os.getpid()}")
+    con = duckdb.connect(config={"temp_directory": spill})
+    # DuckDB 2.0.1 folds isnan(x) / x < 1e308 to constants from Parquet column statistics, which leave NaN
+    # out (pyarrow writes min/max without NaN), so NaN rows would read as clean. Measured; keep this off,
+    # and never filter on isnan() in a WHERE clause (row-group pruning has the same blind spot).
+    con.execute("SET disabled_optimizers = 'statistics_propagation'")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
+    if memory_limit:
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+    if not lake.is_local:
+        con.register_filesystem(lake.fs)
+    return con
+
+
+def file_urls(lake: Lake, paths: list[str]) -> list[str]:
+    return list(paths) if lake.is_local else [lake.fs.unstrip_protocol(p) for p in paths]
+
+
+def bind_files(con, lake: Lake, view: str, paths: list[str], schema: pa.Schema) -> None:
+    """Create view `view` over Parquet files (or an empty table of `schema` when there are none)."""
+    if paths:
+        con.read_parquet(file_urls(lake, paths), union_by_name=True).create_view(view, replace=True)
+    else:
+        con.register(view, schema.empty_table())
+
+
+def utc(ts: datetime, field: str) -> datetime:
+    if not isinstance(ts, datetime):
+        raise ValueError(f"{field} must be a datetime, got {ts!r}")
+    if ts.tzinfo is None:
+        raise ValueError(f"{field} must be timezone-aware (UTC), got naive {ts.isoformat()}")
+    return ts.astimezone(timezone.utc)
+
+
+def write_table(lake: Lake, relpath: str, table: pa.Table) -> str:
+    """Atomic Parquet write (Lake.write_bytes) with dictionary encoding for string columns only: token-id lists
+    are near-random, a dictionary attempt on them costs a third of the write time and saves nothing."""
+    buf = io.BytesIO()
+    strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+    pq.write_table(table, buf, compression="zstd", use_dictionary=strings)
+    return lake.write_bytes(relpath, buf.getvalue())
+
+
+def write_stream(lake: Lake, relpath: str, reader, schema: pa.Schema) -> tuple[str, int, int]:
+    """Stream record batches into one Parquet file, atomically (hidden temp name, fsync, rename), so a
+    million episodes never sit in Python memory at once. Returns (path, rows, rows with n_feedback > 0)."""
+    final = lake.path(relpath)
+    parent, name = final.rsplit("/", 1)
+    tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{name}"
+    lake.fs.makedirs(parent, exist_ok=True)
+    strings = [f.name for f in schema if pa.types.is_string(f.type)]
+    n_rows = n_fb = 0
+    try:
+        with lake.fs.open(tmp, "wb") as f:
+            with pq.ParquetWriter(f, schema, compression="zstd", use_dictionary=strings) as writer:
+                for batch in reader:
+                    t = pa.Table.from_batches([batch]).select(schema.names).cast(schema)
+                    writer.write_table(t)
+                    n_rows += t.num_rows
+                    if "n_feedback" in schema.names:
+                        n_fb += int(pc.sum(pc.greater(t["n_feedback"], 0)).as_py() or 0)
+                if n_rows == 0:
+                    writer.write_table(schema.empty_table())
+            f.flush()
+            if lake.is_local:
+                os.fsync(f.fileno())
+        if lake.is_local:
+            os.replace(tmp, final)
+            dfd = os.open(parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        else:
+            lake.fs.mv(tmp, final)
+    finally:
+        if lake.fs.exists(tmp):
+            lake.fs.rm(tmp)
+    return final, n_rows, n_fb
+
+
+def episodes_path(lake: Lake, run_id: str) -> str:
+    return f"{lake.run_dir(run_id)}/episodes.parquet"
+
+
+# --- the stage ----------------------------------------------------------------------------------------
+
+def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str) -> HarvestResult:
+    """Write runs/<run_id>/episodes.parquet (+ harvest.json) for interactions in [start, end)."""
+    start, end = utc(start, "start"), utc(end, "end")
+    if end <= start:
+        raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
+    if not isinstance(policy_version, int) or isinstance(policy_version, bool) or policy_version < 1:
+        raise ValueError(f"policy_version must be an integer >= 1, got {policy_version!r}")
+    hc = cfg.harvest
+    lake = Lake(cfg.lake_root)
+    run_dir = lake.run_dir(run_id)  # validates run_id before anything is read or written
+    grace_end = end + timedelta(hours=hc.grace_hours)
+    ifiles = lake.list_window("interactions", start, end)
+    ffiles = lake.list_window("feedback", start, grace_end)
+
+    con = connect(lake)
+    try:
+        bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
+        bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
+        params = {
+            "start": start, "end": end, "grace_end": grace_end, "policy_version": policy_version,
+            "max_staleness": hc.max_staleness, "granularity": hc.granularity, "discount": hc.session_discount,
+        }
+        n_window = con.execute(
+            "SELECT count(*) FROM interactions WHERE ts_request >= $start AND ts_request < $end",
+            {"start": start, "end": end},
+        ).fetchall()[0][0]
+        reader = con.sql(load_sql("harvest.sql"), params=params).to_arrow_reader(BATCH_ROWS)
+        path, n_rows, n_fb = write_stream(lake, episodes_path(lake, run_id), reader, EPISODES_SCHEMA)
+    finally:
+        con.close()
+    result = HarvestResult(
+        run_id=run_id, path=path, start=start.isoformat(), end=end.isoformat(), policy_version=policy_version,
+        granularity=hc.granularity, n_interactions=int(n_window), n_episodes=n_rows,
+        n_stale=int(n_window) - n_rows, n_with_feedback=n_fb,
+        n_interaction_files=len(ifiles), n_feedback_files=len(ffiles),
+    )
+    manifest = asdict(result) | {"path": episodes_path(lake, run_id), "max_staleness": hc.max_staleness,
+                                  "grace_hours": hc.grace_hours, "session_discount": hc.session_discount}
+    lake.write_json(f"{run_dir}/harvest.json", manifest)
+    return result
+
+
+def read_manifest(lake: Lake, run_id: str) -> dict | None:
+    path = f"{lake.run_dir(run_id)}/harvest.json"
+    return lake.read_json(path) if lake.exists(path) else None
+
+
+# --- CLI --------------------------------------------------------------------------------------------
+
+def _parse_ts(value: str) -> datetime:
+    ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def add_harvest(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--start", required=True, type=_parse_ts, help="window start, ISO 8601 (UTC if no offset)")
+    p.add_argument("--end", required=True, type=_parse_ts, help="window end (exclusive)")
+    p.add_argument("--policy-version", required=True, type=int, help="the version being updated")
+    p.add_argument("--run-id", required=True)
+    p.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    from rl_core.config import load_config
+
+    try:
+        r = harvest(load_config(), args.start, args.end, args.policy_version, args.run_id)
+    except ValueError as exc:
+        print(f"rtrl harvest: {exc}")
+        return 2
+    print(f"harvest {r.run_id}: {r.n_episodes} episodes ({r.n_with_feedback} with feedback) from "
+          f"{r.n_interactions} interactions in [{r.start}, {r.end}); {r.n_stale} outside the version bound")
+    print(Path(r.path))
+    return 0

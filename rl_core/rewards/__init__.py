@@ -1,0 +1,5 @@
+"""Rewards: SQL signals (sql/rewards/) + Python scorers -> one weighted reward per episode; hacking monitors."""
+
+from rl_core.rewards.score import REWARDS_SCHEMA, SIGNALS, RewardsResult, score_run
+
+__all__ = ["REWARDS_SCHEMA", "SIGNALS", "RewardsResult", "score_run"]

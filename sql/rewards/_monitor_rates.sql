@@ -1,0 +1,17 @@
+-- Reward-hacking monitors: per model_version rates over a run's episodes and rewards. rewards.parquet is
+-- written in episodes.parquet's row order, so the files are joined by position; n_mismatch counts rows
+-- whose event_ids disagree (must be 0, else the files do not belong together).
+SELECT
+    e.model_version,
+    count(*) AS n,
+    avg(r.broken_tool_call::DOUBLE) AS broken_tool_rate,
+    avg(r.is_clarifying::DOUBLE) AS clarify_rate,
+    avg((regexp_matches(lower(coalesce(e.completion_text, '')), $refusal)
+         OR (trim(coalesce(e.completion_text, '')) = '' AND coalesce(trim(e.tool_calls), '') IN ('', '[]')))::DOUBLE)
+        AS empty_refusal_rate,
+    avg(r.reward) AS mean_reward,
+    count(*) FILTER (WHERE e.event_id IS DISTINCT FROM r.event_id) AS n_mismatch
+FROM read_parquet($episodes) e
+POSITIONAL JOIN read_parquet($rewards) r
+GROUP BY e.model_version
+ORDER BY e.model_version
