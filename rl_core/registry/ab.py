@@ -26,11 +26,13 @@ from pydantic import BaseModel
 from rl_core.config import REPO_ROOT
 from rl_core.lake import Lake
 from rl_core.registry import ab_stats
+from rl_core.rewards import followup
 from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, now_utc
 
 SQL_DIR = REPO_ROOT / "sql" / "ab"
-# A follow-up message counts as dissatisfied when its lower-cased text matches (DuckDB regex).
-DISSATISFIED_PATTERN = r"(wrong|doesn'?t work|does not work|not what i|still (broken|fails|failing)|try again|useless|incorrect)"
+# A follow-up message counts as dissatisfied by the same lexicon the rewards use (rl_core/rewards/followup.py):
+# a strong cue, or a weak cue without a positive one; DuckDB and Arrow both use RE2.
+DISSATISFIED_PARAMS = {"dis_strong": followup.STRONG, "dis_weak": followup.WEAK, "dis_positive": followup.POSITIVE}
 # metric -> +1 when higher is better, -1 when lower is better
 METRICS = {
     "edit_persisted_rate": +1,
@@ -194,7 +196,7 @@ def compute_metrics(con, cfg, since: datetime, cuped: bool) -> tuple[dict[str, M
 
 def _pre_period(con, cfg, since: datetime) -> dict[str, dict[str, float]]:
     pre_since = since - timedelta(hours=cfg.ab.cuped_pre_hours)
-    params = {"pre_since": pre_since, "since": since, "dissatisfied": DISSATISFIED_PATTERN}
+    params = {"pre_since": pre_since, "since": since, **DISSATISFIED_PARAMS}
     t = con.sql(sql("pre_period"), params=params).to_arrow_table()
     ids = t["user_id"].to_pylist()
     return {c: dict(zip(ids, t[c].to_pylist(), strict=True)) for c in ("persisted_pre", "dissatisfied_pre")}
@@ -253,7 +255,7 @@ def _outcome_params(cfg, since, until, champion: int, challenger: int) -> dict:
     w = cfg.rewards.weights
     return {
         "since": since, "until": until, "champion": int(champion), "challenger": int(challenger),
-        "dissatisfied": DISSATISFIED_PATTERN,
+        **DISSATISFIED_PARAMS,
         "w_persisted": float(w.get("edit_persisted", 0.0)), "w_reverted": float(w.get("edit_reverted", 0.0)),
         "w_dissatisfied": float(w.get("dissatisfied_followup", 0.0)), "w_latency": float(w.get("latency", 0.0)),
         "w_thumbs": float(w.get("thumbs", 0.0)), "latency_budget_ms": float(cfg.rewards.latency_budget_ms),

@@ -2,7 +2,7 @@
 -- Inputs: views `interactions` and `feedback` over the lake's raw partitions; parameters
 --   $since, $until        the A/B window on ts_request, [since, until)
 --   $champion, $challenger the MLflow versions behind each arm (other versions in the window are ignored)
---   $dissatisfied         regex (lower-cased text) for a dissatisfied follow-up message
+--   $dis_strong, $dis_weak, $dis_positive: the follow-up lexicon of rl_core/rewards/followup.py
 --   $w_persisted, $w_reverted, $w_dissatisfied, $w_latency, $w_thumbs, $latency_budget_ms
 --                         reward weights (config [rewards]) for the logged reward
 -- Duplicates are harmless: interactions are deduplicated by event_id, feedback only enters through
@@ -20,7 +20,7 @@ f AS (
         event_id,
         bool_or(kind = 'edit_persisted') AS persisted,
         bool_or(kind = 'edit_reverted') AS reverted,
-        bool_or(kind = 'followup_message' AND regexp_matches(lower(coalesce(text, '')), $dissatisfied)) AS dissatisfied,
+        bool_or(kind = 'followup_message' AND (regexp_matches(lower(coalesce(text, '')), $dis_strong) OR (regexp_matches(lower(coalesce(text, '')), $dis_weak) AND NOT regexp_matches(lower(coalesce(text, '')), $dis_positive)))) AS dissatisfied,
         bool_or(kind = 'thumbs' AND value_bool) AS thumbs_up,
         bool_or(kind = 'thumbs' AND NOT value_bool) AS thumbs_down
     FROM feedback

@@ -1,7 +1,7 @@
 -- CUPED covariate: each user's edit-persisted and dissatisfied follow-up rates before the A/B
 -- window, over every arm and version ([pre_since, since) on ts_request). The pre-period is untouched
 -- by the treatment, so subtracting its explained part lowers variance without biasing the difference.
--- Parameters: $pre_since, $since, $dissatisfied.
+-- Parameters: $pre_since, $since, $dis_strong, $dis_weak, $dis_positive.
 WITH i AS (
     SELECT event_id, user_id
     FROM interactions
@@ -12,7 +12,7 @@ f AS (
     SELECT
         event_id,
         bool_or(kind = 'edit_persisted') AND NOT bool_or(kind = 'edit_reverted') AS persisted,
-        bool_or(kind = 'followup_message' AND regexp_matches(lower(coalesce(text, '')), $dissatisfied)) AS dissatisfied
+        bool_or(kind = 'followup_message' AND (regexp_matches(lower(coalesce(text, '')), $dis_strong) OR (regexp_matches(lower(coalesce(text, '')), $dis_weak) AND NOT regexp_matches(lower(coalesce(text, '')), $dis_positive)))) AS dissatisfied
     FROM feedback
     WHERE event_id IN (SELECT event_id FROM i)
     GROUP BY event_id
