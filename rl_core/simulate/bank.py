@@ -1,0 +1,52 @@
+"""The simulator's own task bank (rl_core/simulate/tasks/*.jsonl), in the eval suite's task format.
+
+Why a separate bank: if users asked the eval suite's tasks, training on their feedback would leak the
+test set into the policy. The format is evals.tasks.Task; simulator-only facts ride in its `tags`:
+`easy`/`hard`, `answer=<what the user says when asked a clarifying question>`, `org=<org_id>` for a task
+only that organisation asks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from evals.tasks import Task, load_tasks
+
+BANK_DIR = Path(__file__).with_name("tasks")
+
+
+@dataclass(frozen=True)
+class SimTask:
+    task: Task
+    hard: bool
+    answer: str  # the user's answer to a clarifying question
+    org: str | None  # only this org asks it (None: everyone)
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+    @property
+    def target(self) -> str:
+        """The file the request is about (the first non-test file of the snapshot)."""
+        return next(p for p in self.task.files if not Path(p).name.startswith("test_"))
+
+
+def _tag(task: Task, key: str) -> str | None:
+    return next((t[len(key) + 1:] for t in task.tags if t.startswith(key + "=")), None)
+
+
+def load_bank(folder: str | Path | None = None) -> list[SimTask]:
+    out = []
+    for t in load_tasks(folder or BANK_DIR):
+        answer = _tag(t, "answer")
+        if not answer:
+            raise ValueError(f"simulator task {t.id}: tags lack 'answer=...' (the reply to a clarifying question)")
+        out.append(SimTask(t, "hard" in t.tags, answer, _tag(t, "org")))
+    return out
+
+
+def tasks_for(bank: list[SimTask], org_id: str) -> list[SimTask]:
+    """The tasks a user of org_id may ask: the shared ones plus the org's own."""
+    return [t for t in bank if t.org in (None, org_id)]

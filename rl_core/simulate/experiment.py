@@ -1,0 +1,278 @@
+"""`rtrl experiment --cycles K`: the proof that the loop learns. K full cycles (simulated traffic through the
+gateway -> the Airflow DAG -> deploy -> the next cycle's A/B verdict), learning curves logged to MLflow.
+
+Each cycle is rl_core.cycle.run_cycle: the gateway serves champion + challenger (`auto`), the same seeded
+simulated users drive it, `airflow dags test` runs the whole DAG on exactly that window (its first task is
+the A/B verdict on the previous cycle's challenger). Afterwards we read back, per cycle: mean reward, edit-
+persisted rate, eval pass rate, clarifying rate, broken tool-call rate, KL. The learning claim is paired:
+every cycle has the same users (same seed, same personas), so each user's mean reward in the first cycle
+is paired with the same user's in the last, and the 95% CI of the mean difference is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rl_core.lake import Lake
+
+CURVES = ("mean_reward", "edit_persisted_rate", "eval_pass_rate", "clarifying_rate", "broken_tool_rate", "kl")
+
+
+@dataclass
+class CycleMetrics:
+    cycle: int
+    run_id: str
+    dag_rc: int
+    interactions: int
+    episodes: int
+    mean_reward: float | None
+    edit_persisted_rate: float | None
+    eval_pass_rate: float | None
+    clarifying_rate: float | None
+    broken_tool_rate: float | None
+    kl: float | None
+    new_version: int | None
+    aliases: dict[str, int]
+    served: dict[str, int]  # model_version -> episodes in this cycle
+    user_reward: dict[str, float] = field(default_factory=dict)  # user_id -> mean reward (for the pairing)
+    user_task_reward: dict[str, float] = field(default_factory=dict)  # the same without the latency term
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Paired:
+    n_users: int
+    first_mean: float
+    last_mean: float
+    diff: float
+    se: float
+    ci_low: float
+    ci_high: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.ci_low > 0 or self.ci_high < 0
+
+
+def _read(lake: Lake, run_id: str, name: str):
+    p = f"{lake.run_dir(run_id)}/{name}"
+    return lake.read_parquet(p) if lake.exists(p) else None
+
+
+def score_all_traffic(cfg, report) -> str:
+    """Harvest + score every episode served in the cycle's window, whatever version served it.
+
+    The DAG's own harvest keeps only the episodes of the policy it updates (the champion, within
+    max_staleness), so the challenger's share would be missing from a learning curve about what users got.
+    This reruns the same harvest and reward code under run id `<run_id>-served` with no staleness limit.
+    """
+    from datetime import datetime
+
+    from rl_core.harvest import harvest
+    from rl_core.rewards import score_run
+
+    run_id = f"{report.run_id}-served"
+    newest = max([1, report.version or 1, *(report.aliases or {}).values()])
+    every = cfg.model_copy(deep=True)
+    every.harvest.max_staleness = newest
+    harvest(every, datetime.fromisoformat(report.start), datetime.fromisoformat(report.end), newest, run_id)
+    score_run(every, run_id)
+    return run_id
+
+
+def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
+    """What one cycle's files say (all served episodes + rewards, train summary, eval verdict)."""
+    from rl_core.reports import read_verdict
+
+    lake = Lake(cfg.lake_root)
+    served = score_all_traffic(cfg, report)
+    eps, rws = _read(lake, served, "episodes.parquet"), _read(lake, served, "rewards.parquet")
+    m = CycleMetrics(k, report.run_id, report.dag_rc, report.interactions or 0, 0, None, None, None, None, None,
+                     None, report.version, dict(report.aliases or {}), {}, seconds=dict(report.seconds or {}))
+    if eps is not None and eps.num_rows:
+        e = eps.to_pandas()
+        m.episodes = len(e)
+        m.edit_persisted_rate = float((e["edit_persisted"].fillna(False).astype(bool)).mean())
+        m.served = {str(k): int(v) for k, v in e["model_version"].value_counts().sort_index().items()}
+        if rws is not None and rws.num_rows:
+            r = rws.to_pandas().merge(e[["event_id", "user_id"]], on="event_id")
+            m.mean_reward = float(r["reward"].mean())
+            m.clarifying_rate = float(r["is_clarifying"].mean())
+            m.broken_tool_rate = float(r["broken_tool_call"].mean())
+            m.user_reward = {u: float(x) for u, x in r.groupby("user_id")["reward"].mean().items()}
+            # latency depends on machine load as much as on the policy: also pair without it
+            r["task_reward"] = r["reward"] - cfg.rewards.weights.get("latency", 0.0) * r["latency"]
+            m.user_task_reward = {u: float(x) for u, x in r.groupby("user_id")["task_reward"].mean().items()}
+    ev = read_verdict(lake, report.run_id, "eval")
+    if ev is not None:
+        m.eval_pass_rate = _num(ev.details.get("candidate_pass_rate"))
+    summary = f"{lake.run_dir(report.run_id)}/train/summary.json"
+    if lake.exists(summary):
+        m.kl = _num(lake.read_json(summary).get("kl"))
+    return m
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def paired(first: dict[str, float], last: dict[str, float]) -> Paired | None:
+    """Mean per-user difference (last - first) with a paired t interval (95%)."""
+    from scipy import stats
+
+    users = sorted(set(first) & set(last))
+    if len(users) < 2:
+        return None
+    d = [last[u] - first[u] for u in users]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    se = sd / math.sqrt(n)
+    t = float(stats.t.ppf(0.975, n - 1))
+    return Paired(n, sum(first[u] for u in users) / n, sum(last[u] for u in users) / n, mean, se,
+                  mean - t * se, mean + t * se)
+
+
+def plot(curves: list[CycleMetrics], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    xs = [c.cycle for c in curves]
+    for ax, name in zip(axes.flat, CURVES, strict=True):
+        ys = [getattr(c, name) for c in curves]
+        ax.plot(xs, [y if y is not None else float("nan") for y in ys], marker="o")
+        ax.set_title(name.replace("_", " "))
+        ax.set_xlabel("cycle")
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+    fig.suptitle("rtrl learning curves")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(curves: list[CycleMetrics], pair: Paired | None, cfg, seconds: float,
+             task_pair: Paired | None = None) -> str:
+    def f(x, spec=".3f"):
+        return "n/a" if x is None else format(x, spec)
+
+    lines = [f"profile `{cfg.profile}`, base `{cfg.model.base}`, {len(curves)} cycles, {seconds / 60:.1f} min", "",
+             "| cycle | run | DAG | interactions | served episodes | mean reward | edit persisted | eval pass | clarifying "
+             "| broken tool calls | KL | new version | aliases after |", "|" + "---|" * 13]
+    for c in curves:
+        lines.append(f"| {c.cycle} | {c.run_id} | {'ok' if c.dag_rc == 0 else f'rc {c.dag_rc}'} | {c.interactions} | "
+                     f"{c.episodes} | {f(c.mean_reward, '+.3f')} | {f(c.edit_persisted_rate)} | {f(c.eval_pass_rate)} | "
+                     f"{f(c.clarifying_rate)} | {f(c.broken_tool_rate)} | {f(c.kl, '.4f')} | {c.new_version} | "
+                     f"{json.dumps(c.aliases)} |")
+    lines.append("")
+    for label, p in (("mean reward", pair), ("mean reward without the latency term", task_pair)):
+        if p is None:
+            lines.append(f"paired {label}: not enough users present in both the first and the last cycle")
+            continue
+        lines.append(f"paired by user, last cycle - first cycle, {label} over {p.n_users} users: "
+                     f"{p.diff:+.3f} (SE {p.se:.3f}, 95% CI [{p.ci_low:+.3f}, {p.ci_high:+.3f}]; "
+                     f"first {p.first_mean:+.3f}, last {p.last_mean:+.3f}) -> "
+                     + ("CI excludes zero" if p.excludes_zero else "CI includes zero"))
+    return "\n".join(lines) + "\n"
+
+
+def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, md: str, params: dict,
+               task_pair: Paired | None = None) -> str:
+    """One MLflow run in experiment `<experiment>-learning`: a metric per curve with step = cycle, PNG + table."""
+    from rl_core.registry import store
+
+    c = store.client(cfg)
+    exp = store.experiment_id(cfg, f"{cfg.mlflow.experiment}-learning")
+    run = c.create_run(exp, run_name=f"experiment-{len(curves)}-cycles", tags={"kind": "experiment"})
+    rid = run.info.run_id
+    for k, v in params.items():
+        c.log_param(rid, k, v)
+    for m in curves:
+        for name in CURVES:
+            if getattr(m, name) is not None:
+                c.log_metric(rid, name, getattr(m, name), step=m.cycle)
+    for prefix, p in (("paired", pair), ("paired_task", task_pair)):
+        if p is not None:
+            for k, v in asdict(p).items():
+                c.log_metric(rid, f"{prefix}_{k}", float(v))
+    c.log_artifact(rid, str(png))
+    c.log_text(rid, md, "results.md")
+    c.log_dict(rid, [asdict(m) for m in curves], "curves.json")
+    c.set_terminated(rid)
+    return rid
+
+
+def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path) -> tuple[list[CycleMetrics], Paired | None, str]:
+    from rl_core.cycle import print_report, run_cycle
+
+    if cycles < 1:
+        raise ValueError(f"cycles must be >= 1, got {cycles}")
+    t0 = time.time()
+    curves: list[CycleMetrics] = []
+    for k in range(1, cycles + 1):
+        print(f"[experiment] cycle {k}/{cycles}", file=sys.stderr)
+        report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}")
+        print_report(cfg, report)
+        curves.append(cycle_metrics(cfg, k, report))
+    pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
+    task_pair = paired(curves[0].user_task_reward, curves[-1].user_task_reward) if len(curves) > 1 else None
+    png = plot(curves, out_dir / "learning_curves.png")
+    md = markdown(curves, pair, cfg, time.time() - t0, task_pair)
+    (out_dir / "results.md").write_text(md)
+    (out_dir / "curves.json").write_text(json.dumps([asdict(m) for m in curves], indent=2))
+    params = {"cycles": cycles, "interactions": interactions or cfg.simulate.interactions, "profile": cfg.profile,
+              "base": cfg.model.base, "users": cfg.simulate.users, "seed": cfg.simulate.seed,
+              "challenger_share": cfg.serving.challenger_share}
+    rid = log_mlflow(cfg, curves, pair, png, md, params, task_pair)
+    return curves, pair, rid
+
+
+def add_experiment(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cycles", type=int, default=3, help="number of full cycles (K)")
+    p.add_argument("--interactions", type=int, default=None, help="simulated interactions per cycle")
+    p.add_argument("--users", type=int, default=None, help="simulated users (the same users every cycle)")
+    p.add_argument("--challenger-share", type=float, default=0.5,
+                   help="A/B share of the challenger during the experiment (default 0.5: faster verdicts)")
+    p.add_argument("--out", default=None, help="folder for results.md, curves.json, learning_curves.png")
+    p.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    from rl_core.config import load_config
+
+    if args.cycles < 1:
+        print(f"rtrl experiment: --cycles must be >= 1, got {args.cycles}", file=sys.stderr)
+        return 2
+    # env, not just cfg: the gateway and `airflow dags test` run as subprocesses and read their config there
+    over = {"RTRL_SERVING__CHALLENGER_SHARE": str(args.challenger_share)}
+    if args.users:
+        over["RTRL_SIMULATE__USERS"] = str(args.users)
+    saved = {k: os.environ.get(k) for k in over}
+    os.environ.update(over)
+    try:
+        cfg = load_config()
+        out = Path(args.out) if args.out else cfg.home_path / "experiments" / time.strftime("%Y%m%dT%H%M%S")
+        out.mkdir(parents=True, exist_ok=True)
+        curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out)
+    finally:  # leave the caller's environment as it was (tests call this in-process)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    print((out / "results.md").read_text())
+    print(f"learning curves: {out / 'learning_curves.png'}   MLflow run {rid} "
+          f"(experiment {cfg.mlflow.experiment}-learning)")
+    return 0 if all(c.dag_rc == 0 for c in curves) else 1
