@@ -1,0 +1,28 @@
+"""Serving engines behind one small interface (base.Backend). make_backend picks one from config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rl_core.serving.backends.base import Backend, Generation, Sampling, StepOut
+
+__all__ = ["Backend", "Generation", "Sampling", "StepOut", "make_backend", "vllm_available"]
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_backend(kind: str, checkpoint: str | Path, cfg, version: int) -> Backend:
+    """kind: "vllm" | "transformers" | "auto" (vLLM where it is installed, else transformers)."""
+    if kind == "auto":
+        kind = "vllm" if vllm_available() else "transformers"
+    if kind == "vllm":
+        from rl_core.serving.backends.vllm import VLLMBackend
+
+        return VLLMBackend(checkpoint, cfg, version)
+    from rl_core.serving.backends.hf import TransformersBackend
+
+    return TransformersBackend(checkpoint, dtype=cfg.model.dtype)

