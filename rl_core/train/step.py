@@ -1,0 +1,51 @@
+"""One micro batch through the policy (and the frozen reference), into the loss.
+
+Shared by the DeepSpeed trainer and the plain-torch loop of the bench, so both measure the same work.
+The reference is a callable: a frozen copy of the parent checkpoint, or, in LoRA mode, the policy with
+its adapters switched off (no second copy of the weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from rl_core.train.loss import LossConfig, LossOutput, policy_loss, token_logprobs
+
+
+def completion_logprobs(model, t: dict, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Logprobs [B,C] of the completion tokens (and entropy [B,C]) under model, for to_tensors() inputs."""
+    comp_len = t["comp_len"]
+    out = model(
+        input_ids=t["input_ids"],  # [B,L]
+        attention_mask=t["attention_mask"],  # [B,L]
+        position_ids=t["position_ids"],  # [B,L]
+        logits_to_keep=comp_len + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]  # [B,C,V] position j predicts token j+1
+    return token_logprobs(logits, t["targets"], with_entropy=with_entropy)
+
+
+def reference_fn(ref_model=None, peft_model=None) -> Callable[[dict], Tensor]:
+    """Logprobs under the parent: a frozen model, or the LoRA policy with adapters disabled."""
+
+    def run(t: dict) -> Tensor:
+        ctx = peft_model.disable_adapter() if peft_model is not None else nullcontext()
+        with torch.no_grad(), ctx:
+            logp, _ = completion_logprobs(ref_model if ref_model is not None else peft_model, t, with_entropy=False)
+        return logp  # [B,C]
+
+    return run
+
+
+def compute_loss(model, t: dict, lc: LossConfig, ref: Callable[[dict], Tensor] | None) -> LossOutput:
+    """Reference logprobs (no grad), then the policy forward and the loss of one micro batch."""
+    ref_logp = ref(t) if ref is not None else None  # [B,C]
+    logp, entropy = completion_logprobs(model, t, with_entropy=True)  # [B,C], [B,C]
+    return policy_loss(
+        logp, t["behaviour_logprobs"], t["advantages"], t["loss_mask"], lc, ref_logp=ref_logp, entropy=entropy
+    )

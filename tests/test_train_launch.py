@@ -1,0 +1,96 @@
+"""The caller's side: bad input stops before anything is stored, the verdict fails on bad numbers,
+the CLI's exit codes, and the launcher command lines."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from rl_core.cli import main
+from rl_core.lake import lake_from_config
+from rl_core.registry import store
+from rl_core.reports import read_verdict
+from rl_core.train import synthetic
+from rl_core.train.data import DataError
+from rl_core.train.launch import TrainFailed, TrainSummary, build_command, check, train
+
+
+def test_missing_or_bad_input_stores_nothing(cfg, tiny_checkpoint):
+    lake = lake_from_config(cfg)
+    with pytest.raises(DataError, match="runs/cycle-x/episodes.parquet: not found"):
+        train(cfg, "cycle-x", 1)
+
+    synthetic.make_run(lake, "cycle-bad", tiny_checkpoint, n_prompts=2, per_prompt=2)
+    rewards = lake.read_parquet("runs/cycle-bad/rewards.parquet")
+    bad = rewards.set_column(rewards.schema.get_field_index("reward"), "reward",
+                             pa.array([1.0, float("nan"), 0.0, 1.0]))
+    lake.write_parquet("runs/cycle-bad/rewards.parquet", bad)
+    with pytest.raises(DataError, match="rewards.reward: not a finite number for event"):
+        train(cfg, "cycle-bad", 1)
+    assert not lake.exists("runs/cycle-bad/train") and not lake.exists("runs/cycle-bad/verdicts")
+    assert not (cfg.models_dir / "runs" / "cycle-bad").exists()
+    c = store.client(cfg)
+    assert not c.search_runs([store.experiment_id(cfg)], filter_string="tags.kind = 'train'")  # no MLflow run
+
+
+def test_a_hung_or_slow_update_is_killed_and_reported(registered):
+    cfg = registered
+    cfg.train.timeout_s = 0.5
+    lake = lake_from_config(cfg)
+    synthetic.make_run(lake, "cycle-slow", store.checkpoint_path(cfg, 1), n_prompts=2, per_prompt=2)
+    with pytest.raises(TrainFailed, match="exit code 124"):
+        train(cfg, "cycle-slow", 1)
+    summary = lake.read_json("runs/cycle-slow/train/summary.json")
+    assert summary["status"] == "failed" and "killed after" in summary["log_tail"]
+    v = read_verdict(lake, "cycle-slow", "train")
+    assert not v.passed and "exit code 124" in v.reasons[0]
+    run = store.client(cfg).get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+
+
+def test_cli_exit_codes(cfg, capsys):
+    assert main(["train", "--run-id", "cycle-none", "--base", "1"]) == 2
+    assert "runs/cycle-none/episodes.parquet: not found" in capsys.readouterr().err
+
+
+def _summary(**kw) -> TrainSummary:
+    base = dict(run_id="r", status="ok", exit_code=0, base_version=1, steps=3, loss=0.1, kl=0.01, kl_max=0.02)
+    return TrainSummary(**(base | kw))
+
+
+@pytest.mark.parametrize(
+    "kw, reason",
+    [
+        ({"kl_max": 0.9}, "KL to the parent 0.9 exceeds gates.kl_max 0.5"),
+        ({"kl_max": float("nan")}, "KL to the parent is not finite"),
+        ({"loss": float("inf")}, "loss is not finite"),
+        ({"steps": 0}, "no optimizer step was taken"),
+        ({"status": "failed", "exit_code": 17}, "exit code 17"),
+    ],
+)
+def test_train_verdict_fails_on_bad_numbers(cfg, kw, reason):
+    assert check(cfg, _summary()).passed
+    v = check(cfg, _summary(**kw))
+    assert not v.passed and any(reason in r for r in v.reasons), v.reasons
+    assert v.name == "train"
+
+
+def test_launcher_commands(cfg, tmp_path):
+    spec = tmp_path / "spec.json"
+    cfg.train.launcher = "inline"
+    cmd, env = build_command(cfg.train, spec, 29999)
+    assert cmd[1:] == ["-m", "rl_core.train.trainer", "--spec", str(spec)]
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1" and env["MASTER_PORT"] == "29999"
+    cfg.train.launcher, cfg.train.num_procs = "torchrun", 2
+    cmd, _ = build_command(cfg.train, spec, 29999)
+    assert "--nproc_per_node=2" in cmd and cmd[cmd.index("-m", 2) + 1] == "rl_core.train.trainer"
+    cfg.train.launcher, cfg.train.hostfile = "deepspeed", "/etc/rtrl/hostfile"
+    cmd, _ = build_command(cfg.train, spec, 29999)
+    assert cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
+    assert "--hostfile=/etc/rtrl/hostfile" in cmd and "--num_gpus=2" in cmd and "--module" in cmd
+
+
+def test_summary_round_trips_through_json():
+    s = _summary(tokens_per_s=12.5, entropy=float("nan"))
+    assert s.entropy is None  # JSON has no NaN: unknown is None, and a failed summary still reloads
+    assert TrainSummary.model_validate_json(s.model_dump_json()) == s
