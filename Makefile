@@ -27,13 +27,21 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+# One real cycle: init if needed, gateway, simulated traffic, `airflow dags test realtime_rl`, report.
+# `python -m` keeps the checkout on sys.path (rl_core and evals), whatever the editable install maps.
 cycle: setup
-	$(VENV)/bin/rtrl init
-	@echo "make cycle: the Airflow DAG (issue 8) is not built yet; 'rtrl init' above prepared the base model."
-	@exit 1
+	$(PY) -m rl_core.cli cycle
 
 init: setup
 	$(VENV)/bin/rtrl init
+
+# The UIs on the embedded stores (var/): each runs under its own session until Ctrl-C, then its whole
+# process group is stopped. URLs and credentials are printed once the UI answers.
+airflow: setup
+	$(PY) -m rl_core.cli cycle --ui airflow
+
+mlflow: setup
+	$(PY) -m rl_core.cli cycle --ui mlflow
 
 lint: setup
 	$(VENV)/bin/ruff check .

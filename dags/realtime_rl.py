@@ -1,0 +1,183 @@
+"""
+### realtime_rl: one rtrl improvement cycle every few hours
+
+The data interval **is** the harvest window: a scheduled run harvests the interval that just ended, a
+backfill (UI, REST or `airflow backfill create`) re-runs exactly the windows asked for, and a manual run
+may name its own window with the `start`/`end` params. The run id derives from the window, so the same
+window always writes the same files under `runs/<run_id>/` (every stage is idempotent).
+
+Stages (task groups): ab -> harvest (harvest, gate_raw, gate_episodes) -> rewards (score, gate_rewards,
+monitors) -> train -> evaluate -> promote (register, gate_promotion, deploy). A failing gate fails its
+task without retry; everything downstream ends `upstream_failed` and no alias moves. `dry_run` computes
+everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
+
+This file holds no business logic: every task calls rl_core (design.md, "the cycle contract").
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import Asset, DeltaDataIntervalTimetable, Param, TaskGroup, dag, get_current_context, task
+
+try:
+    from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configured without it)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins"))
+    from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+
+from rl_core.config import load_config
+from rl_core.cycle import SCHEDULE_ANCHOR
+
+AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
+
+EPISODES = Asset(name="rtrl_episodes", uri="x-rtrl://lake/runs/episodes", group="rtrl")
+REWARDS = Asset(name="rtrl_rewards", uri="x-rtrl://lake/runs/rewards", group="rtrl")
+CHECKPOINT = Asset(name="rtrl_checkpoint", uri="x-rtrl://models/runs/checkpoint", group="rtrl")
+EVAL = Asset(name="rtrl_eval", uri="x-rtrl://lake/runs/eval", group="rtrl")
+REGISTRY = Asset(name="rtrl_registry", uri="x-rtrl://mlflow/rtrl-policy", group="rtrl")
+
+IO_RETRIES = {  # I/O-bound tasks: lake, MLflow, a flaky network on production stores
+    "retries": AF.retries,
+    "retry_delay": timedelta(seconds=AF.retry_delay_s),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=30),
+}
+HEAVY = {"pool": AF.training_pool, "retries": 1, "retry_delay": timedelta(seconds=AF.retry_delay_s)}
+
+
+@task(retries=0, doc_md="Resolve the harvest window and run id from the params or the data interval.")
+def window() -> dict:
+    from rl_core.cycle import resolve_window
+
+    ctx = get_current_context()
+    w = resolve_window(
+        ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours
+    )
+    return w.to_xcom(dry_run=bool(ctx["params"].get("dry_run")), policy_version=ctx["params"].get("policy_version"))
+
+
+@task(**IO_RETRIES, doc_md="A/B verdict for the live challenger from logged outcomes; promote or roll back.")
+def ab_verdict(w: dict) -> dict:
+    from datetime import datetime
+
+    from rl_core.registry.ab import ab_verdict as compute
+    from rl_core.registry.ab import apply_verdict
+
+    cfg = load_config()
+    result = compute(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]))
+    action = "dry-run: not applied" if w["dry_run"] else apply_verdict(cfg, result)
+    print(f"A/B {result.decision}: {'; '.join(result.reasons)} (n={result.n})\naction: {action}")
+    return {"action": str(action), "decision": result.decision}
+
+
+@task(**IO_RETRIES, outlets=[EPISODES], multiple_outputs=True, doc_md="Episodes of the policy version in the window, feedback joined.")
+def harvest(w: dict, _ab: dict) -> dict:
+    from datetime import datetime
+
+    from rl_core.harvest import harvest as run_harvest
+    from rl_core.registry.store import version_for_alias
+
+    cfg = load_config()
+    policy = w["policy_version"] or version_for_alias(cfg, "champion")
+    if policy is None:
+        raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
+    r = run_harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), int(policy), w["run_id"])
+    print(f"harvest: {r}")
+    return {**w, "policy_version": int(policy), "episodes": int(r.n_episodes)}
+
+
+@task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
+def score(w: dict) -> dict:
+    from rl_core.rewards import score_run
+
+    r = score_run(load_config(), w["run_id"])
+    print(f"rewards: {r}")
+    return {"mean_reward": float(getattr(r, "mean_reward", float("nan")))}
+
+
+@task(pool=AF.training_pool, retries=1, outlets=[EVAL], doc_md="Paired eval: candidate vs its parent on the suite.")
+def evaluate(w: dict, trained: dict) -> dict:
+    from evals.compare import evaluate as run_eval
+
+    cmp = run_eval(load_config(), w["run_id"], trained["checkpoint"], int(w["policy_version"]))
+    deltas = {m.metric: round(m.mean_diff, 4) for m in cmp.metrics}
+    print(f"eval {cmp.verdict}: deltas {deltas}; " + "; ".join(cmp.reasons))
+    return {"verdict": cmp.verdict, "passed": cmp.passed, "deltas": deltas}  # a regression blocks at gate_promotion
+
+
+@task(**IO_RETRIES, outlets=[REGISTRY], doc_md="Register the checkpoint as a new MLflow version with lineage tags.")
+def register(w: dict, _evaluated: dict) -> int | None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from rl_core.registry.register import register_run
+
+    if w["dry_run"]:
+        raise AirflowSkipException("dry run: nothing registered")
+    version = int(register_run(load_config(), w["run_id"]))
+    print(f"registered version {version}")
+    return version
+
+
+@task(**IO_RETRIES, doc_md="Alias `challenger` -> the new version (only after every gate passed).")
+def deploy(w: dict, version: int, _gate: dict) -> dict:
+    from rl_core.registry.deploy import deploy as run_deploy
+
+    moved = bool(run_deploy(load_config(), w["run_id"], int(version)))
+    print(f"deploy version {version}: alias challenger {'moved' if moved else 'NOT moved'}")
+    return {"version": int(version), "challenger": moved}
+
+
+@dag(
+    dag_id=AF.dag_id,
+    schedule=DeltaDataIntervalTimetable(timedelta(hours=AF.schedule_hours)),  # data interval = harvest window
+    start_date=SCHEDULE_ANCHOR,
+    catchup=False,
+    max_active_runs=1,
+    default_args={"owner": "rtrl", "retries": 0},
+    tags=["rtrl"],
+    doc_md=__doc__,
+    params={
+        "start": Param(None, type=["null", "string"], format="date-time", description="manual window start (UTC ISO)"),
+        "end": Param(None, type=["null", "string"], format="date-time", description="manual window end (UTC ISO)"),
+        "policy_version": Param(None, type=["null", "integer"], minimum=1, description="version to update (default: champion)"),
+        "dry_run": Param(False, type="boolean", description="compute everything, move no alias, register nothing"),
+    },
+)
+def realtime_rl():
+    w = window()
+    with TaskGroup("ab", tooltip="A/B verdict on the live challenger"):
+        ab = ab_verdict(w)
+    with TaskGroup("harvest", tooltip="episodes + data-quality gates"):
+        hw = harvest(w, ab)
+        g_raw = DataQualityGateOperator(task_id="gate_raw", check="gate_raw", window=hw,
+                                        doc_md="GX suite on the window's raw events; fails with the report.")
+        g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw,
+                                       doc_md="GX suite on episodes.parquet (lengths, logprobs, version lag).")
+        g_raw >> g_ep
+    with TaskGroup("rewards", tooltip="rewards + gates + hacking monitors"):
+        sc = score(hw)
+        g_rw = DataQualityGateOperator(task_id="gate_rewards", check="gate_rewards", window=hw,
+                                       doc_md="GX suite on rewards.parquet (finite, in range, hash).")
+        mon = DataQualityGateOperator(task_id="monitors", check="monitors", window=hw,
+                                      extra={"parent_version": hw["policy_version"]},
+                                      doc_md="Reward-hacking monitors versus the parent version.")
+        g_ep >> sc >> g_rw >> mon
+    with TaskGroup("train", tooltip="DeepSpeed update in its own processes"):
+        tr = DeepSpeedLaunchOperator(task_id="train", rtrl_run_id=hw["run_id"], base_version=hw["policy_version"],
+                                     outlets=[CHECKPOINT], **HEAVY,
+                                     doc_md="`rtrl train` as its own process group; log streamed; `train` verdict.")
+        mon >> tr
+    with TaskGroup("evaluate", tooltip="paired eval suite"):
+        ev = evaluate(hw, tr.output)
+    with TaskGroup("promote", tooltip="register -> promotion gate -> challenger"):
+        version = register(hw, ev)
+        gate = DataQualityGateOperator(task_id="gate_promotion", check="gate_promotion", window=hw,
+                                       doc_md="Every required verdict must pass; else nothing moves.")
+        version >> gate
+        deploy(hw, version, gate.output)
+
+
+realtime_rl()

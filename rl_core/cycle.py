@@ -1,0 +1,392 @@
+"""`rtrl cycle` / `make cycle`: one real cycle on the embedded stack, plus the glue the DAG shares.
+
+The DAG (dags/realtime_rl.py) calls `resolve_window` to turn Airflow's data interval (or the manual
+`start`/`end` params) into the harvest window and its run id. `run_cycle` is what `make cycle` runs:
+`rtrl init` if needed, the serving gateway as a subprocess, simulated users driving it over HTTP,
+compaction into the lake, `airflow dags test realtime_rl` on exactly the window the traffic fell in,
+then a summary read back from the lake and MLflow. Everything it starts it stops (process groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from rl_core.config import REPO_ROOT
+
+# The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
+SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime
+    end: datetime
+    run_id: str
+
+    def to_xcom(self, **extra: Any) -> dict[str, Any]:
+        return {"run_id": self.run_id, "start": self.start.isoformat(), "end": self.end.isoformat(), **extra}
+
+
+def _parse_ts(name: str, value: Any) -> datetime:
+    if isinstance(value, datetime):
+        ts = value
+    else:
+        try:
+            ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"param {name}={value!r}: not an ISO-8601 timestamp") from None
+    if ts.tzinfo is None:
+        raise ValueError(f"param {name}={value!r}: needs a timezone (e.g. 2026-12-02T10:00:00+00:00)")
+    return ts.astimezone(UTC)
+
+
+def _stamp(ts: datetime) -> str:
+    return ts.strftime("%Y%m%dT%H%M%S" if ts.second or ts.microsecond else "%Y%m%dT%H%M")
+
+
+def run_id_for(start: datetime, end: datetime, schedule_hours: int) -> str:
+    """cycle-<end> for a scheduled-length window, cycle-<start>-<end> otherwise: same window, same id."""
+    if end - start == timedelta(hours=schedule_hours):
+        return f"cycle-{_stamp(end)}"
+    return f"cycle-{_stamp(start)}-{_stamp(end)}"
+
+
+def latest_window_end(now: datetime, schedule_hours: int) -> datetime:
+    step = timedelta(hours=schedule_hours)
+    return SCHEDULE_ANCHOR + ((now - SCHEDULE_ANCHOR) // step) * step
+
+
+def resolve_window(
+    params: dict[str, Any],
+    interval_start: datetime | None,
+    interval_end: datetime | None,
+    schedule_hours: int,
+    now: datetime | None = None,
+) -> Window:
+    """The harvest window: the `start`/`end` params when given, else the data interval, else the last
+    complete scheduled interval (a manual trigger without a logical date has no data interval)."""
+    start, end = params.get("start"), params.get("end")
+    if (start is None) != (end is None):
+        raise ValueError("params start and end go together: give both or neither")
+    if start is not None:
+        s, e = _parse_ts("start", start), _parse_ts("end", end)
+    elif interval_start is not None and interval_end is not None and interval_end > interval_start:
+        s, e = _parse_ts("data_interval_start", interval_start), _parse_ts("data_interval_end", interval_end)
+    else:
+        e = latest_window_end(now or datetime.now(UTC), schedule_hours)
+        s = e - timedelta(hours=schedule_hours)
+    if e <= s:
+        raise ValueError(f"window end {e.isoformat()} must be after start {s.isoformat()}")
+    return Window(s, e, run_id_for(s, e, schedule_hours))
+
+
+
+# --- processes: everything started here runs in its own session and is stopped by process group ------
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """argv in a new session (its own process group), output appended to log."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=REPO_ROOT)
+
+
+def stop(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
+    """SIGTERM the whole process group, SIGKILL what is left after grace_s (no orphans holding ports)."""
+    if proc is None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            os.killpg(proc.pid, 0)  # the leader exited; are children of the group left?
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status < 500:
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+
+
+def bin_path(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def airflow_env(cfg, **extra: str) -> dict[str, str]:
+    """The environment every airflow command of the embedded stack runs with (rtrl's config included)."""
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": str(cfg.airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "RTRL_HOME": str(cfg.home_path),
+        "RTRL_PROFILE": cfg.profile,
+        "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
+        "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "GIT_PYTHON_REFRESH": "quiet",
+        # tasks import rl_core and evals from this checkout, whatever the console script's sys.path is
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),  # standalone runs `airflow`
+    })
+    env.update(extra)
+    return env
+
+
+def prepare_airflow(cfg, env: dict[str, str]) -> None:
+    """`airflow db migrate` and the training pool: idempotent, seconds on SQLite."""
+    cfg.airflow_home.mkdir(parents=True, exist_ok=True)
+    airflow = bin_path("airflow")
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, text=True)
+    subprocess.run([airflow, "pools", "set", cfg.airflow.training_pool, str(cfg.airflow.training_pool_slots),
+                    "GPU/CPU-heavy rtrl tasks: training and eval"], env=env, check=True, capture_output=True)
+
+
+def start_airflow(cfg, port: int, log: Path, **extra_env: str) -> tuple[subprocess.Popen, str]:
+    """`airflow standalone` (scheduler, dag-processor, api-server, triggerer) on 127.0.0.1:port.
+
+    Returns the process and the admin password (simple auth manager)."""
+    env = airflow_env(cfg, AIRFLOW__API__PORT=str(port), AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
+                      **extra_env)
+    prepare_airflow(cfg, env)
+    proc = start([bin_path("airflow"), "standalone"], env, log)
+    wait_http(f"http://127.0.0.1:{port}/api/v2/monitor/health", 240, proc, log)
+    pw_file = cfg.airflow_home / "simple_auth_manager_passwords.json.generated"
+    for _ in range(30):
+        if pw_file.exists():
+            break
+        time.sleep(1)
+    password = json.loads(pw_file.read_text()).get("admin", "") if pw_file.exists() else ""
+    return proc, password
+
+
+def start_mlflow(cfg, port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    argv = [bin_path("mlflow"), "ui", "--backend-store-uri", cfg.tracking_uri, "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1"]
+    if "://" not in cfg.artifact_root:
+        argv += ["--default-artifact-root", Path(cfg.artifact_root).resolve().as_uri()]
+    proc = start(argv, env, log)
+    wait_http(f"http://127.0.0.1:{port}/health", 180, proc, log)
+    return proc
+
+
+def serve_until_interrupted(procs: list[subprocess.Popen]) -> int:
+    """Block until Ctrl-C / SIGTERM or until one process exits; then stop every group."""
+    stopping: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    try:
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            stop(p)
+    return 0
+
+
+# --- `rtrl cycle`: the whole thing once, on the embedded stack ------------------------------------------
+
+@dataclass
+class CycleReport:
+    run_id: str
+    start: str
+    end: str
+    dag_rc: int
+    interactions: int = 0
+    episodes: int = 0
+    mean_reward: float | None = None
+    verdicts: dict[str, bool] | None = None
+    eval: dict[str, Any] | None = None
+    version: int | None = None
+    aliases: dict[str, int] | None = None
+    seconds: dict[str, float] | None = None
+
+
+def _minute(ts: datetime, up: bool) -> datetime:
+    floor = ts.replace(second=0, microsecond=0)
+    return floor + timedelta(minutes=1) if up and floor != ts else floor
+
+
+def drive_traffic(cfg, base_url: str, interactions: int | None) -> int:
+    """Simulated users through the real HTTP API (rl_core.simulate); returns the interactions made."""
+    from rl_core.simulate.runner import SimSpec, simulate
+
+    report = simulate(cfg, base_url, SimSpec.from_config(cfg, interactions=interactions), progress=False)
+    print(report.table())
+    if report.interactions == 0:
+        raise RuntimeError(f"the simulator made no interaction: {report.error_examples[:3]}")
+    return report.interactions
+
+
+def summarize(cfg, w: Window, dag_rc: int) -> CycleReport:
+    """What the cycle left behind, read back from the lake and MLflow (not from the DAG's logs)."""
+    import pyarrow.compute as pc
+
+    from rl_core.lake import Lake
+    from rl_core.registry import store
+    from rl_core.reports import read_verdicts
+
+    lake = Lake(cfg.lake_root)
+    r = CycleReport(run_id=w.run_id, start=w.start.isoformat(), end=w.end.isoformat(), dag_rc=dag_rc)
+    run = lake.run_dir(w.run_id)
+    if lake.exists(f"{run}/episodes.parquet"):
+        r.episodes = lake.read_parquet(f"{run}/episodes.parquet").num_rows
+    if lake.exists(f"{run}/rewards.parquet"):
+        rewards = lake.read_parquet(f"{run}/rewards.parquet")
+        r.mean_reward = float(pc.mean(rewards["reward"]).as_py()) if rewards.num_rows else None
+    verdicts = read_verdicts(lake, w.run_id)
+    r.verdicts = {k: v.passed for k, v in verdicts.items()}
+    if lake.exists(f"{run}/eval/comparison.json"):
+        cmp = lake.read_json(f"{run}/eval/comparison.json")
+        r.eval = {"verdict": cmp.get("verdict"),
+                  **{f"delta_{m['metric']}": round(m["mean_diff"], 4) for m in cmp.get("metrics", [])}}
+    try:
+        from rl_core.registry.register import find_version
+
+        r.version = find_version(cfg, w.run_id)
+    except ImportError:
+        r.version = None
+    r.aliases = store.aliases(cfg)
+    return r
+
+
+def print_report(cfg, r: CycleReport) -> None:
+    alias = [a for a, v in (r.aliases or {}).items() if v == r.version]
+    reward = "n/a" if r.mean_reward is None else f"{r.mean_reward:+.4f}"
+    lines = [
+        "", f"== rtrl cycle {r.run_id}  ({r.start} .. {r.end})",
+        f"airflow dags test    {'success' if r.dag_rc == 0 else f'FAILED (exit {r.dag_rc})'}",
+        f"interactions served  {r.interactions}", f"episodes harvested   {r.episodes}",
+        f"mean reward          {reward}",
+        "verdicts             " + (", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in (r.verdicts or {}).items())
+                                   or "none"),
+        f"eval                 {json.dumps(r.eval) if r.eval else 'n/a'}",
+        f"new version          {r.version if r.version is not None else 'none registered'}"
+        + (f" (alias {', '.join(alias)})" if alias else ""),
+        f"aliases now          {r.aliases}",
+        f"timings (s)          {json.dumps(r.seconds)}",
+        f"lake                 {cfg.lake_root}/runs/{r.run_id}/",
+        f"MLflow UI            `make mlflow` -> http://127.0.0.1:{cfg.mlflow.ui_port}/#/models/{cfg.mlflow.model_name}",
+        f"Airflow UI           `make airflow` -> http://127.0.0.1:{cfg.airflow.ui_port}/dags/{cfg.airflow.dag_id}",
+    ]
+    print("\n".join(lines))
+
+
+def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None) -> CycleReport:
+    """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts."""
+    from rl_core.collect.compact import compact
+    from rl_core.init import init
+    from rl_core.lake import Lake
+
+    log_dir = log_dir or cfg.home_path / "logs" / "cycle"
+    secs: dict[str, float] = {}
+    t = time.time()
+    ini = init(cfg, check_generation=False)
+    print(f"[cycle] champion = version {ini.version} ({'registered now' if ini.created else 'already there'})")
+    env = airflow_env(cfg)
+    prepare_airflow(cfg, env)
+    secs["init"] = round(time.time() - t, 1)
+
+    t = time.time()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    gw_log = log_dir / "gateway.log"
+    print(f"[cycle] starting gateway on {base_url} (log {gw_log})")
+    gateway = start([sys.executable, "-m", "rl_core.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], env, gw_log)
+    try:
+        wait_http(f"{base_url}/healthz", cfg.serving.vllm_startup_timeout_s + 120, gateway, gw_log)
+        secs["gateway_start"] = round(time.time() - t, 1)
+        t = time.time()
+        begin = datetime.now(UTC)
+        n = drive_traffic(cfg, f"{base_url}/v1", interactions)
+        finish = datetime.now(UTC)
+        secs["traffic"] = round(time.time() - t, 1)
+    finally:
+        stop(gateway)
+    t = time.time()
+    c = compact(cfg.wal_dir, Lake(cfg.lake_root))
+    print(f"[cycle] compacted {c.segments} WAL segments into {cfg.lake_root}")
+    start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)
+    w = Window(start_ts, end_ts, run_id_for(start_ts, end_ts, cfg.airflow.schedule_hours))
+    conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()})
+    dag_log = log_dir / "dags-test.log"
+    print(f"[cycle] airflow dags test {cfg.airflow.dag_id} -c '{conf}' (log {dag_log})")
+    with open(dag_log, "ab") as out:
+        rc = subprocess.run([bin_path("airflow"), "dags", "test", cfg.airflow.dag_id, "-c", conf], env=env,
+                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT).returncode
+    secs["dag"] = round(time.time() - t, 1)
+    report = summarize(cfg, w, rc)
+    report.interactions, report.seconds = n, secs
+    return report
+
+
+def add_cycle(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interactions", type=int, default=None, help="simulated interactions (default: [simulate])")
+    p.add_argument("--ui", choices=["airflow", "mlflow"], default=None,
+                   help="instead of a cycle: start that UI on the embedded stores until Ctrl-C")
+    p.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    from rl_core.config import load_config
+
+    cfg = load_config()
+    if args.ui == "airflow":
+        log = cfg.home_path / "logs" / "airflow-standalone.log"
+        proc, password = start_airflow(cfg, cfg.airflow.ui_port, log)
+        print(f"Airflow UI  http://127.0.0.1:{cfg.airflow.ui_port}   user admin   password {password}")
+        print(f"AIRFLOW_HOME {cfg.airflow_home}   log {log}   (Ctrl-C stops the whole process group)")
+        return serve_until_interrupted([proc])
+    if args.ui == "mlflow":
+        log = cfg.home_path / "logs" / "mlflow-ui.log"
+        proc = start_mlflow(cfg, cfg.mlflow.ui_port, log)
+        print(f"MLflow UI   http://127.0.0.1:{cfg.mlflow.ui_port}   (no login)   store {cfg.tracking_uri}")
+        print(f"model       http://127.0.0.1:{cfg.mlflow.ui_port}/#/models/{cfg.mlflow.model_name}   (Ctrl-C stops it)")
+        return serve_until_interrupted([proc])
+    t0 = time.time()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the finally blocks stop the gateway
+    report = run_cycle(cfg, args.interactions)
+    print_report(cfg, report)
+    print(f"cycle done in {time.time() - t0:.0f}s")
+    return report.dag_rc

@@ -1,0 +1,154 @@
+"""The realtime_rl DAG parses, is acyclic, and is wired the way the cycle contract says.
+
+No stage runs here: these tests hold even before the stages exist, because the DAG imports rl_core
+stage modules only inside its tasks.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags")).dags["realtime_rl"]
+
+
+STAGES = [  # the cycle, in order: each stage must be downstream of every earlier one
+    "window", "ab.ab_verdict", "harvest.harvest", "harvest.gate_raw", "harvest.gate_episodes",
+    "rewards.score", "rewards.gate_rewards", "rewards.monitors", "train.train", "evaluate.evaluate",
+    "promote.register", "promote.gate_promotion", "promote.deploy",
+]
+GATES = {"harvest.gate_raw", "harvest.gate_episodes", "rewards.gate_rewards", "rewards.monitors",
+         "promote.gate_promotion"}
+IO_TASKS = {"ab.ab_verdict", "harvest.harvest", "rewards.score", "promote.register", "promote.deploy"}
+HEAVY_TASKS = {"train.train", "evaluate.evaluate"}
+
+
+@pytest.fixture(scope="module")
+def dag():
+    return load_dag()
+
+
+def test_dagbag_has_no_import_errors():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    assert "realtime_rl" in bag.dags
+
+
+def test_tasks_are_the_cycle_in_order_and_acyclic(dag):
+    assert set(dag.task_ids) == set(STAGES)
+    # Kahn's algorithm: every task gets scheduled exactly once -> no cycle
+    indeg = {t.task_id: len(t.upstream_task_ids) for t in dag.tasks}
+    ready, seen = [t for t, d in indeg.items() if d == 0], []
+    while ready:
+        tid = ready.pop()
+        seen.append(tid)
+        for down in dag.get_task(tid).downstream_task_ids:
+            indeg[down] -= 1
+            if indeg[down] == 0:
+                ready.append(down)
+    assert len(seen) == len(STAGES)
+    for earlier, later in zip(STAGES, STAGES[1:], strict=False):
+        assert earlier in dag.get_task(later).get_flat_relative_ids(upstream=True), f"{earlier} !-> {later}"
+
+
+def test_schedule_is_a_data_interval_every_5_hours(dag):
+    from airflow.sdk import DeltaDataIntervalTimetable
+
+    assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
+    assert dag.timetable.delta == timedelta(hours=5)
+    assert dag.catchup is False and dag.max_active_runs == 1
+
+
+def test_retries_owner_pool_and_docs(dag):
+    for t in dag.tasks:
+        assert t.owner == "rtrl", t.task_id
+        assert t.doc_md, f"{t.task_id} has no doc_md"
+        if t.task_id in GATES:
+            assert t.retries == 0, f"gate {t.task_id} must not retry (a rerun cannot change its answer)"
+        elif t.task_id in IO_TASKS:
+            assert t.retries == 2 and t.retry_exponential_backoff > 0, t.task_id
+        elif t.task_id in HEAVY_TASKS:
+            assert t.retries == 1 and t.pool == "rtrl_training", t.task_id
+        if t.task_id not in HEAVY_TASKS:
+            assert t.pool == "default_pool", t.task_id
+
+
+def test_lake_outputs_are_assets(dag):
+    outlets = {t.task_id: {a.name for a in t.outlets} for t in dag.tasks if t.outlets}
+    assert outlets == {
+        "harvest.harvest": {"rtrl_episodes"}, "rewards.score": {"rtrl_rewards"},
+        "train.train": {"rtrl_checkpoint"}, "evaluate.evaluate": {"rtrl_eval"},
+        "promote.register": {"rtrl_registry"},
+    }
+
+
+def test_gates_use_the_quality_operator_and_train_the_launcher(dag):
+    from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+
+    for tid in GATES:
+        assert isinstance(dag.get_task(tid), DataQualityGateOperator)
+    assert isinstance(dag.get_task("train.train"), DeepSpeedLaunchOperator)
+
+
+def test_params_validate():
+    import copy
+
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = load_dag().params
+    assert copy.deepcopy(params).validate() == {"start": None, "end": None, "policy_version": None, "dry_run": False}
+    good = copy.deepcopy(params)
+    good["policy_version"], good["start"] = 3, "2026-12-02T10:00:00+00:00"
+    assert good.validate()["policy_version"] == 3
+    for key, bad in [("policy_version", 0), ("policy_version", "two"), ("dry_run", "yes"), ("start", 5)]:
+        broken = copy.deepcopy(params)
+        with pytest.raises(ParamValidationError, match=key):
+            broken[key] = bad
+            broken.validate()
+
+
+# --- the window: data interval or params -> harvest window + run id --------------------------------
+
+UTC = timezone.utc
+
+
+def test_window_from_data_interval_and_params():
+    from rl_core.cycle import resolve_window
+
+    s, e = datetime(2026, 12, 2, 5, tzinfo=UTC), datetime(2026, 12, 2, 10, tzinfo=UTC)
+    w = resolve_window({}, s, e, 5)
+    assert (w.start, w.end, w.run_id) == (s, e, "cycle-20261202T1000")
+    assert resolve_window({}, s, e, 5) == w  # same window, same run id
+    m = resolve_window({"start": "2026-12-02T09:00:00Z", "end": "2026-12-02T09:30:15+00:00"}, s, e, 5)
+    assert m.start == datetime(2026, 12, 2, 9, tzinfo=UTC)
+    assert m.run_id == "cycle-20261202T0900-20261202T093015"
+
+
+def test_window_without_interval_is_last_complete_one():
+    from rl_core.cycle import resolve_window
+
+    w = resolve_window({}, None, None, 5, now=datetime(2026, 1, 1, 12, 34, tzinfo=UTC))
+    assert (w.start, w.end) == (datetime(2026, 1, 1, 5, tzinfo=UTC), datetime(2026, 1, 1, 10, tzinfo=UTC))
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"start": "2026-12-02T09:00:00Z"}, "go together"),
+    ({"start": "2026-12-02T09:00:00", "end": "2026-12-02T10:00:00"}, "timezone"),
+    ({"start": "yesterday", "end": "2026-12-02T10:00:00Z"}, "start='yesterday'"),
+    ({"start": "2026-12-02T10:00:00Z", "end": "2026-12-02T09:00:00Z"}, "must be after"),
+])
+def test_bad_window_params_name_the_field(params, match):
+    from rl_core.cycle import resolve_window
+
+    with pytest.raises(ValueError, match=match):
+        resolve_window(params, None, None, 5)
