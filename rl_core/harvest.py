@@ -4,6 +4,10 @@ DuckDB reads the window's Parquet files straight from the lake (sql/harvest.sql 
 the join and the feedback aggregation), so a million interactions never pass through pandas or Python
 rows. The output is sorted and written atomically: the same window, policy version and config always
 give the same file, which is what makes Airflow retries and backfills safe.
+Data rights are applied here, before anything is trained on: rows of an org in harvest.opt_out_orgs and
+rows under a recorded `rtrl forget` request (forget/registry.json) never become episodes, even when they
+reach the lake after the request (events still in flight). `org_id=` narrows a harvest to one
+organisation, for its adapter (rl_core/orgs).
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ class HarvestResult:
     n_with_feedback: int
     n_interaction_files: int
     n_feedback_files: int
+    n_excluded: int = 0  # in the window but opted out or forgotten (data rights)
+    org_id: str | None = None  # set for a per-organisation harvest
 
 
 # --- DuckDB helpers shared by rewards and quality -----------------------------------------------------
@@ -181,11 +187,28 @@ def episodes_path(lake: Lake, run_id: str) -> str:
     return f"{lake.run_dir(run_id)}/episodes.parquet"
 
 
+EXCLUDED_SCHEMA = pa.schema([("org_id", pa.string()), ("user_id", pa.string())])
+
+
+def excluded_table(cfg: Config, lake: Lake) -> pa.Table:
+    """(org_id, user_id) pairs never harvested: opted-out orgs and forget requests; user_id None = whole org."""
+    from rl_core.forget import load_registry
+
+    pairs = {(org, None) for org in cfg.harvest.opt_out_orgs}
+    pairs |= {(r["org_id"], r.get("user_id")) for r in load_registry(lake)}
+    rows = sorted(pairs, key=lambda p: (p[0], p[1] or ""))
+    return pa.table({"org_id": [p[0] for p in rows], "user_id": [p[1] for p in rows]}, schema=EXCLUDED_SCHEMA)
+
+
 # --- the stage ----------------------------------------------------------------------------------------
 
-def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str) -> HarvestResult:
-    """Write runs/<run_id>/episodes.parquet (+ harvest.json) for interactions in [start, end)."""
+def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
+            org_id: str | None = None) -> HarvestResult:
+    """Write runs/<run_id>/episodes.parquet (+ harvest.json) for interactions in [start, end)
+    (of org_id only, when given), leaving out opted-out orgs and forgotten orgs/users."""
     start, end = utc(start, "start"), utc(end, "end")
+    if org_id is not None and (not isinstance(org_id, str) or not org_id.strip()):
+        raise ValueError(f"org_id must be a non-empty string or None, got {org_id!r}")
     if end <= start:
         raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
     if not isinstance(policy_version, int) or isinstance(policy_version, bool) or policy_version < 1:
@@ -201,14 +224,16 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
+        excluded = excluded_table(cfg, lake)
+        con.register("excluded", excluded)
         params = {
             "start": start, "end": end, "grace_end": grace_end, "policy_version": policy_version,
             "max_staleness": hc.max_staleness, "granularity": hc.granularity, "discount": hc.session_discount,
+            "org_id": org_id,
         }
-        n_window = con.execute(
-            "SELECT count(*) FROM interactions WHERE ts_request >= $start AND ts_request < $end",
-            {"start": start, "end": end},
-        ).fetchall()[0][0]
+        n_window, n_excluded = con.execute(
+            load_sql("harvest_counts.sql"), {"start": start, "end": end, "org_id": org_id}
+        ).fetchall()[0]
         reader = con.sql(load_sql("harvest.sql"), params=params).to_arrow_reader(BATCH_ROWS)
         path, n_rows, n_fb = write_stream(lake, episodes_path(lake, run_id), reader, EPISODES_SCHEMA)
     finally:
@@ -216,11 +241,13 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
     result = HarvestResult(
         run_id=run_id, path=path, start=start.isoformat(), end=end.isoformat(), policy_version=policy_version,
         granularity=hc.granularity, n_interactions=int(n_window), n_episodes=n_rows,
-        n_stale=int(n_window) - n_rows, n_with_feedback=n_fb,
-        n_interaction_files=len(ifiles), n_feedback_files=len(ffiles),
+        n_stale=int(n_window) - n_rows - int(n_excluded), n_with_feedback=n_fb,
+        n_interaction_files=len(ifiles), n_feedback_files=len(ffiles), n_excluded=int(n_excluded), org_id=org_id,
     )
     manifest = asdict(result) | {"path": episodes_path(lake, run_id), "max_staleness": hc.max_staleness,
-                                  "grace_hours": hc.grace_hours, "session_discount": hc.session_discount}
+                                  "grace_hours": hc.grace_hours, "session_discount": hc.session_discount,
+                                  "opt_out_orgs": sorted(hc.opt_out_orgs),
+                                  "excluded_rules": excluded.num_rows}  # counts only: no forgotten user ids here
     lake.write_json(f"{run_dir}/harvest.json", manifest)
     return result
 
@@ -242,6 +269,7 @@ def add_harvest(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end", required=True, type=_parse_ts, help="window end (exclusive)")
     p.add_argument("--policy-version", required=True, type=int, help="the version being updated")
     p.add_argument("--run-id", required=True)
+    p.add_argument("--org", default=None, help="only this organisation's interactions (per-org adapters)")
     p.set_defaults(run=_run)
 
 
@@ -249,11 +277,12 @@ def _run(args) -> int:
     from rl_core.config import load_config
 
     try:
-        r = harvest(load_config(), args.start, args.end, args.policy_version, args.run_id)
+        r = harvest(load_config(), args.start, args.end, args.policy_version, args.run_id, org_id=args.org)
     except ValueError as exc:
         print(f"rtrl harvest: {exc}")
         return 2
     print(f"harvest {r.run_id}: {r.n_episodes} episodes ({r.n_with_feedback} with feedback) from "
-          f"{r.n_interactions} interactions in [{r.start}, {r.end}); {r.n_stale} outside the version bound")
+          f"{r.n_interactions} interactions in [{r.start}, {r.end}); {r.n_stale} outside the version bound, "
+          f"{r.n_excluded} opted out or forgotten")
     print(Path(r.path))
     return 0

@@ -6,11 +6,19 @@
 -- granularity 'turn': each turn keeps its own feedback, credit_weight = 1.
 -- granularity 'session': each turn carries its session's outcome (feedback summed over the session's
 -- turns in the window), credited with discount ^ (turns before the session's last turn).
+-- Data rights: view `excluded` (org_id, user_id) holds the opted-out orgs and the forget registry's requests
+-- (user_id NULL = the whole org); their rows never become episodes. $org_id (NULL = every org) narrows the
+-- harvest to one organisation, for its adapter.
 WITH win AS (
     SELECT *
-    FROM interactions
+    FROM interactions i
     WHERE ts_request >= $start AND ts_request < $end
       AND $policy_version - model_version BETWEEN 0 AND $max_staleness
+      AND ($org_id IS NULL OR i.org_id = $org_id)
+      AND NOT EXISTS (
+          SELECT 1 FROM excluded x
+          WHERE x.org_id = i.org_id AND (x.user_id IS NULL OR x.user_id = i.user_id)
+      )
 ),
 fb AS (
     SELECT f.*

@@ -7,6 +7,8 @@ only after every partition file is durably written. A crash between the write an
 leaves segments whose rows are all already in the lake, and the next pass writes nothing and deletes them.
 One compactor at a time (flock on <wal>/.compact.lock), so the gateway's background pass and
 `rtrl collect compact` never race.
+Data rights: rows under a recorded `rtrl forget` request (forget/registry.json) are dropped here, with
+the feedback of those interactions, so events still in flight when the request came never land.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from rl_core.collect import wal
+from rl_core.forget import is_forgotten, load_registry
 from rl_core.lake import Lake
 from rl_core.schema import TS_COLUMN, to_table
 
@@ -37,6 +40,7 @@ class CompactResult:
     rows_read: dict[str, int] = field(default_factory=lambda: {"interactions": 0, "feedback": 0})
     rows_written: dict[str, int] = field(default_factory=lambda: {"interactions": 0, "feedback": 0})
     duplicates: int = 0
+    forgotten: int = 0  # rows dropped because a forget request covers them
     files: list[str] = field(default_factory=list)
 
 
@@ -82,25 +86,29 @@ def compact(wal_dir: str | Path, lake: Lake, max_segments: int = 64) -> CompactR
             if wal.try_seal_orphan(p) is not None:
                 result.orphans_sealed += 1
         segments = wal.sealed_segments(wal_dir)
+        registry = load_registry(lake)
         for i in range(0, len(segments), max_segments):
-            _compact_batch(segments[i:i + max_segments], lake, result)
+            _compact_batch(segments[i:i + max_segments], lake, result, registry)
     return result
 
 
-def _compact_batch(segments: list[Path], lake: Lake, result: CompactResult) -> None:
+def _compact_batch(segments: list[Path], lake: Lake, result: CompactResult, registry: list[dict]) -> None:
     groups: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for seg in segments:
-        for kind, raw in wal.read_segment(seg):
-            if kind not in ID_COLUMN:
-                continue
-            row = _row_from_json(kind, raw)
-            result.rows_read[kind] += 1
-            part = Lake.partition(kind, row[TS_COLUMN[kind]])
-            key = row[ID_COLUMN[kind]]
-            if key in groups[(kind, part)]:
-                result.duplicates += 1
-                continue
-            groups[(kind, part)][key] = row
+    rows_in = [(kind, _row_from_json(kind, raw)) for seg in segments for kind, raw in wal.read_segment(seg)
+               if kind in ID_COLUMN]
+    forgotten = {r["event_id"] for k, r in rows_in
+                 if k == "interactions" and is_forgotten(registry, r.get("org_id"), r.get("user_id"))}
+    for kind, row in rows_in:
+        result.rows_read[kind] += 1
+        if row.get("event_id") in forgotten or (kind == "feedback" and is_forgotten(registry, row.get("org_id"), None)):
+            result.forgotten += 1
+            continue
+        part = Lake.partition(kind, row[TS_COLUMN[kind]])
+        key = row[ID_COLUMN[kind]]
+        if key in groups[(kind, part)]:
+            result.duplicates += 1
+            continue
+        groups[(kind, part)][key] = row
     tag = hashlib.sha1("\n".join(s.name for s in segments).encode()).hexdigest()[:16]
     for (kind, part), rows in sorted(groups.items()):
         have = existing_ids(lake, part, ID_COLUMN[kind])

@@ -181,7 +181,7 @@ def create_app(cfg, router: Router, collector: Collector, metrics: Metrics | Non
         sampling = Sampling(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                             top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop_list(), seed=req.seed)
         try:
-            lease = router.route(req.model, user)
+            lease = router.route(req.model, user, org)
         except UnknownModel as exc:
             raise ApiError(404, str(exc), param="model", code="model_not_found") from None
         except NotReady as exc:
@@ -196,6 +196,8 @@ def create_app(cfg, router: Router, collector: Collector, metrics: Metrics | Non
         ctx = dict(event_id=event_id, org=org, user=user, session=session, turn=turn, req=req, messages=messages,
                    ids=ids, sampling=sampling, ts_request=ts_request, t0=t0)
         headers = {"x-rtrl-event-id": event_id, "x-rtrl-model-version": str(lease.version), "x-rtrl-arm": lease.arm}
+        if lease.adapter_version:
+            headers["x-rtrl-adapter-version"] = lease.adapter_version
         if req.stream:
             gen = _stream(lease, ctx)
             weakref.finalize(gen, lease.release)  # a stream never started (client gone) still frees its lease
@@ -227,7 +229,8 @@ def create_app(cfg, router: Router, collector: Collector, metrics: Metrics | Non
         ev = InteractionEvent(
             event_id=ctx["event_id"], org_id=ctx["org"], user_id=ctx["user"], session_id=ctx["session"],
             turn_index=ctx["turn"], ts_request=ctx["ts_request"], ts_response=now_utc(), requested_model=req.model,
-            model_version=lease.version, arm=lease.arm, messages={"messages": ctx["messages"], "tools": req.tools},
+            model_version=lease.version, adapter_version=lease.adapter_version, arm=lease.arm,
+            messages={"messages": ctx["messages"], "tools": req.tools},
             prompt_token_ids=ctx["ids"], completion_token_ids=token_ids, completion_logprobs=logprobs,
             completion_text=text, tool_calls=calls or None, finish_reason=finish,
             latency_ms=(time.perf_counter() - ctx["t0"]) * 1000, ttft_ms=ttft_ms,

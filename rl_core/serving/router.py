@@ -43,6 +43,7 @@ class Lease:
     version: int
     arm: str
     released: bool = False
+    adapter_version: str | None = None  # the org's LoRA adapter answering on this version (rl_core/orgs)
 
     def release(self) -> None:
         """Idempotent: a stream's generator and its finaliser may both call it."""
@@ -111,13 +112,14 @@ AliasSource = Callable[[], dict[str, int]]
 
 class Router:
     def __init__(self, factory: BackendFactory, checkpoint_for: CheckpointFor, alias_source: AliasSource,
-                 challenger_share: float, model_name: str = "rtrl-policy", poll_s: float = 10.0):
+                 challenger_share: float, model_name: str = "rtrl-policy", poll_s: float = 10.0, adapters=None):
         self.factory = factory
         self.checkpoint_for = checkpoint_for
         self.alias_source = alias_source
         self.share = challenger_share
         self.model_name = model_name
         self.poll_s = poll_s
+        self.adapters = adapters  # rl_core.orgs.serving.AdapterPool or None: per-org adapters, synced with the aliases
         self._aliases: dict[str, Slot] = {}
         self._slots: dict[int, Slot] = {}
         self._sync_lock = threading.Lock()
@@ -130,6 +132,8 @@ class Router:
     def start(self, background: bool = True) -> None:
         """Load what the aliases point at (blocking), then poll for moves in a thread."""
         self.sync()
+        if self.adapters is not None:
+            self.adapters.sync()
         if background:
             self._thread = threading.Thread(target=self._poll, name="alias-poller", daemon=True)
             self._thread.start()
@@ -137,6 +141,8 @@ class Router:
     def _poll(self) -> None:
         while not self._stop.wait(self.poll_s):
             self.sync()
+            if self.adapters is not None:
+                self.adapters.sync()
 
     def close(self) -> None:
         self._stop.set()
@@ -191,7 +197,12 @@ class Router:
         return True
 
     # --- routing ----------------------------------------------------------------------------------
-    def route(self, model: str, user_id: str) -> Lease:
+    def route(self, model: str, user_id: str, org: str | None = None) -> Lease:
+        """The lease answering `model` for this user; the org's live adapter when one fits (see adapters)."""
+        lease = self._route(model, user_id)
+        return self.adapters.select(org, lease) if self.adapters is not None else lease
+
+    def _route(self, model: str, user_id: str) -> Lease:
         aliases = self._aliases  # one read: the whole request uses this map
         if model == "auto":
             if "champion" not in aliases:

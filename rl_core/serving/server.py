@@ -20,7 +20,7 @@ from fastapi import FastAPI
 
 from rl_core.collect.collector import Collector
 from rl_core.serving.app import create_app
-from rl_core.serving.backends import make_backend
+from rl_core.serving.backends import make_backend, vllm_available
 from rl_core.serving.router import Router
 
 log = logging.getLogger("rtrl.serving")
@@ -47,6 +47,11 @@ def build_gateway(cfg, backend: str | None = None, poll: bool = True, background
     from rl_core.registry import store
 
     kind = backend or cfg.serving.backend
+    adapters = None
+    if kind == "transformers" or (kind == "auto" and not vllm_available()):
+        from rl_core.orgs.serving import AdapterPool
+
+        adapters = AdapterPool(cfg)  # per-org LoRA adapters (peft); vLLM multi-LoRA is not wired yet
     router = Router(
         factory=lambda ckpt, version: make_backend(kind, ckpt, cfg, version),
         checkpoint_for=lambda version: store.checkpoint_path(cfg, version),
@@ -54,6 +59,7 @@ def build_gateway(cfg, backend: str | None = None, poll: bool = True, background
         challenger_share=cfg.serving.challenger_share,
         model_name=cfg.mlflow.model_name,
         poll_s=cfg.serving.alias_poll_s,
+        adapters=adapters,
     )
     collector = Collector.from_config(cfg, background=background_compaction)
     try:

@@ -1,0 +1,111 @@
+"""
+### realtime_rl_orgs: per-organisation LoRA adapters, one mapped task per organisation
+
+Same schedule and windows as `realtime_rl` (same run ids): the window's harvest (idempotent: the same
+file the cycle writes), then `adapt_org` mapped over the orgs with enough episodes (dynamic task mapping).
+Each org is its own task instance: its episodes only, a LoRA update of the champion, paired evals on the
+shared suite and on the org's tasks, registration as `rtrl-adapter-<org>` and the `live` alias when every
+adapter verdict passed. A failing org fails its own instance; the others still train, evaluate and deploy;
+`report` runs whatever happened (trigger rule all_done) and lists each org's outcome.
+A DAG of its own rather than a branch of `realtime_rl`: an org's failure must not fail the cycle's run,
+and the cycle's promotion path stays exactly as it is. This file holds no business logic (rl_core/orgs).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import DeltaDataIntervalTimetable, Param, dag, get_current_context, task
+
+from rl_core.config import load_config
+from rl_core.cycle import SCHEDULE_ANCHOR
+
+AF = load_config().airflow
+
+
+@task(retries=0, doc_md="The harvest window and run id (as realtime_rl resolves them) and the policy version.")
+def window() -> dict:
+    from rl_core.cycle import resolve_window
+    from rl_core.registry.store import version_for_alias
+
+    ctx = get_current_context()
+    p = ctx["params"]
+    w = resolve_window(p, ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours)
+    policy = p.get("policy_version") or version_for_alias(load_config(), "champion")
+    if policy is None:
+        raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
+    return w.to_xcom(dry_run=bool(p.get("dry_run")), policy_version=int(policy), min_episodes=p.get("min_episodes"))
+
+
+@task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
+      doc_md="The window's episodes (opt-out and forget applied) and the orgs with enough of them.")
+def org_targets(w: dict) -> list[str]:
+    from datetime import datetime
+
+    from rl_core.harvest import harvest
+    from rl_core.orgs.branch import org_targets as targets
+
+    cfg = load_config()
+    harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), w["policy_version"], w["run_id"])
+    orgs = targets(cfg, w["run_id"], w["min_episodes"])
+    print(f"orgs with enough episodes: {orgs}")
+    return orgs
+
+
+@task(pool=AF.training_pool, retries=0, map_index_template="{{ org }}",
+      doc_md="One org end to end; raises on failure, which fails only this org's instance.")
+def adapt_org(w: dict, org: str) -> dict:
+    from datetime import datetime
+
+    from rl_core.orgs.branch import adapt_org as run
+
+    out = run(load_config(), datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]),
+              int(w["policy_version"]), w["run_id"], org, dry_run=w["dry_run"])
+    print(f"org {org}: {out}")
+    return out
+
+
+@task(trigger_rule="all_done", retries=0, doc_md="Each org's outcome, read back from its run folder and MLflow.")
+def report(w: dict, orgs: list[str]) -> dict:
+    from rl_core.lake import Lake
+    from rl_core.orgs.pipeline import org_run_id
+    from rl_core.orgs.registry import live_adapter
+
+    cfg = load_config()
+    lake = Lake(cfg.lake_root)
+    out = {}
+    for org in orgs:
+        path = f"runs/{org_run_id(w['run_id'], org)}/adapter.json"
+        adapter = lake.read_json(path) if lake.exists(path) else None
+        live = live_adapter(cfg, org)
+        out[org] = {"registered": adapter["adapter_version"] if adapter else None,
+                    "live": live.adapter_version if live else None}
+    print(f"org adapters of {w['run_id']}: {out}")
+    return out
+
+
+@dag(
+    dag_id=f"{AF.dag_id}_orgs",
+    schedule=DeltaDataIntervalTimetable(timedelta(hours=AF.schedule_hours)),
+    start_date=SCHEDULE_ANCHOR,
+    catchup=False,
+    max_active_runs=1,
+    default_args={"owner": "rtrl", "retries": 0},
+    tags=["rtrl", "orgs"],
+    doc_md=__doc__,
+    params={
+        "start": Param(None, type=["null", "string"], format="date-time", description="manual window start (UTC ISO)"),
+        "end": Param(None, type=["null", "string"], format="date-time", description="manual window end (UTC ISO)"),
+        "policy_version": Param(None, type=["null", "integer"], minimum=1, description="base version (default: champion)"),
+        "min_episodes": Param(None, type=["null", "integer"], minimum=1, description="default: gates.min_episodes"),
+        "dry_run": Param(False, type="boolean", description="train and evaluate, register nothing, move no alias"),
+    },
+)
+def realtime_rl_orgs():
+    w = window()
+    orgs = org_targets(w)
+    done = adapt_org.partial(w=w).expand(org=orgs)
+    done >> report(w, orgs)
+
+
+realtime_rl_orgs()

@@ -1,0 +1,54 @@
+"""The per-org branch of the cycle, as the two calls an orchestrator needs: who, then one org end to end.
+
+`org_targets` lists the orgs of the cycle's harvest with enough data; `adapt_org` runs one org's whole
+pipeline (episodes, rewards, LoRA update of the champion, paired evals, registration, `live` alias when
+every adapter verdict passed). Airflow maps `adapt_org` over `org_targets` (dynamic task mapping), so each
+org is its own task instance: one org failing (too little data, a failed gate, a crash) fails only its
+instance, and the others train, evaluate and deploy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from rl_core.config import Config
+from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, prepare_org, train_org
+from rl_core.orgs.registry import deploy_adapter, register_adapter
+
+
+def org_targets(cfg: Config, run_id: str, min_episodes: int | None = None) -> list[str]:
+    """Orgs of runs/<run_id>/episodes.parquet with at least min_episodes (default gates.min_episodes)."""
+    return sorted(eligible_orgs(cfg, run_id, min_episodes))
+
+
+@dataclass
+class OrgOutcome:
+    org_id: str
+    run_id: str  # the org's run folder, runs/<run_id>.<org>/
+    episodes: int
+    train_steps: int
+    org_gain: float
+    org_gain_se: float
+    shared_passed: bool
+    org_passed: bool
+    version: int | None  # the adapter version registered (None in a dry run)
+    adapter_version: str | None
+    live: bool  # the `live` alias moved to it
+
+
+def adapt_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str, org_id: str,
+              dry_run: bool = False) -> dict:
+    """One org end to end on top of policy_version (the champion). Raises on any failure (OrgError,
+    GateFailed, TrainFailed, ...): the orchestrator marks that org's task failed and no alias moves."""
+    h = prepare_org(cfg, start, end, policy_version, run_id, org_id)
+    summary = train_org(cfg, run_id, org_id, policy_version)
+    ev = evaluate_org(cfg, run_id, org_id, policy_version)
+    version = name = None
+    live = False
+    if not dry_run:
+        av = register_adapter(cfg, run_id, org_id)
+        version, name = av.version, av.adapter_version
+        live = deploy_adapter(cfg, run_id, org_id, av.version)
+    return asdict(OrgOutcome(org_id, ev.run_id, h.n_episodes, summary.steps, ev.org_gain, ev.org_gain_se,
+                             ev.shared_passed, ev.org_passed, version, name, live))

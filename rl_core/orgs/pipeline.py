@@ -1,0 +1,149 @@
+"""One organisation's adapter: its episodes only -> rewards -> LoRA update of the champion -> paired evals.
+
+Isolation by construction: every step of org O works in its own run folder, runs/<run_id>.<O>/, whose
+episodes come from a harvest filtered to O (sql/harvest.sql's $org_id) with the same data rights as the
+shared cycle (opt-out, forget). Rewards, the trainer's batches, eval results and reports are computed from
+that folder alone, so no row of another organisation can reach them (tests/test_orgs_isolation.py plants
+markers to check it). The trainer is the cycle's own (rl_core.train.launch.train) in LoRA mode: the
+champion stays frozen, the adapter is saved beside the merged checkpoint evals load.
+
+Evals: the shared suite (verdict "eval", the cycle's rule: no significant regression) and the org's own
+tasks (rl_core/orgs/tasks.py; verdict "eval_org"), both paired against the champion (evals.compare).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rl_core.config import Config
+from rl_core.harvest import HarvestResult, harvest
+from rl_core.lake import Lake
+from rl_core.reports import Verdict, write_verdict
+
+ORG_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class OrgError(ValueError):
+    """An organisation cannot get an adapter (bad id, opted out, too little data); the message says which."""
+
+
+def check_org(cfg: Config, org_id: str) -> str:
+    if not isinstance(org_id, str) or not ORG_ID.fullmatch(org_id):
+        raise OrgError(f"org_id {org_id!r} must be a plain name (letters, digits, _ -)")
+    if org_id in cfg.harvest.opt_out_orgs:
+        raise OrgError(f"org_id {org_id!r} opted out of training (harvest.opt_out_orgs)")
+    return org_id
+
+
+def org_run_id(run_id: str, org_id: str) -> str:
+    """The run folder of org_id's adapter within cycle run_id (runs/<run_id>.<org_id>/)."""
+    return f"{run_id}.{org_id}"
+
+
+def org_config(cfg: Config) -> Config:
+    """cfg for an adapter update: same trainer, LoRA on (the base checkpoint stays frozen)."""
+    c = cfg.model_copy(deep=True)
+    c.train.lora = True
+    return c
+
+
+def eligible_orgs(cfg: Config, run_id: str, min_episodes: int | None = None) -> dict[str, int]:
+    """{org_id: episodes} for orgs of cycle run_id's harvest with at least min_episodes (default
+    gates.min_episodes). The harvest already left out opted-out and forgotten rows."""
+    lake = Lake(cfg.lake_root)
+    need = cfg.gates.min_episodes if min_episodes is None else min_episodes
+    orgs = lake.read_parquet(f"{lake.run_dir(run_id)}/episodes.parquet").select(["org_id"])
+    counts = orgs.group_by("org_id").aggregate([("org_id", "count")]).to_pylist()
+    return {r["org_id"]: r["org_id_count"] for r in sorted(counts, key=lambda r: r["org_id"])
+            if r["org_id"] is not None and r["org_id_count"] >= need and r["org_id"] not in cfg.harvest.opt_out_orgs
+            and ORG_ID.fullmatch(r["org_id"])}
+
+
+def prepare_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
+                org_id: str) -> HarvestResult:
+    """Harvest org_id's episodes of the window into its own run folder and score them."""
+    from rl_core.rewards import score_run
+
+    check_org(cfg, org_id)
+    orun = org_run_id(run_id, org_id)
+    result = harvest(cfg, start, end, policy_version, orun, org_id=org_id)
+    if result.n_episodes == 0:
+        raise OrgError(f"org_id {org_id!r} has no episodes in [{start.isoformat()}, {end.isoformat()})")
+    score_run(cfg, orun)
+    return result
+
+
+def train_org(cfg: Config, run_id: str, org_id: str, base_version: int):
+    """LoRA update of base_version (the champion) on the org's prepared run; returns the TrainSummary."""
+    from rl_core.train.launch import train
+
+    check_org(cfg, org_id)
+    summary = train(org_config(cfg), org_run_id(run_id, org_id), base_version)
+    if not summary.adapter or not (Path(summary.adapter) / "adapter_config.json").is_file():
+        raise OrgError(f"training of {org_id} produced no adapter folder (summary.adapter={summary.adapter!r})")
+    return summary
+
+
+@dataclass
+class OrgEval:
+    run_id: str
+    org_id: str
+    shared_passed: bool  # no regression on the shared suite
+    org_passed: bool  # no regression on the org's tasks
+    org_gain: float  # paired mean difference of `passed` on the org's tasks (candidate - champion)
+    org_gain_se: float
+    org_n: int
+    shared_diff: float
+    shared_se: float
+
+
+def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candidate=None, baseline=None) -> OrgEval:
+    """Paired evals of the org's merged checkpoint against base_version: shared suite, then the org's tasks.
+
+    Writes runs/<run_id>.<org>/eval/ (shared, verdict "eval") and eval_org/ (verdict "eval_org").
+    candidate/baseline override the checkpoint-backed policies (scripted policies in tests)."""
+    from evals.compare import compare, compare_policies
+    from evals.harness import Budget
+    from evals.policies import LocalPolicy
+    from evals.report import markdown
+    from evals.runner import results_table, run_suite
+    from rl_core.orgs.tasks import org_tasks
+    from rl_core.registry.store import checkpoint_path
+
+    check_org(cfg, org_id)
+    orun = org_run_id(run_id, org_id)
+    if candidate is None:
+        ckpt = cfg.models_dir / "runs" / orun / "checkpoint"
+        candidate = LocalPolicy(ckpt, cfg.model.dtype, name=f"adapter:{orun}")
+    if baseline is None:
+        baseline = LocalPolicy(checkpoint_path(cfg, base_version), cfg.model.dtype, name=f"rtrl-policy/{base_version}")
+    shared = compare_policies(cfg, orun, candidate, baseline)
+
+    tasks = org_tasks(cfg, org_id)
+    budget = Budget.from_config(cfg.eval)
+    cand = run_suite(tasks, candidate, budget, cfg.eval.workers)
+    base = run_suite(tasks, baseline, budget, cfg.eval.workers)
+    result = compare(orun, cand, base, cfg.eval.tolerance, cfg.eval.z)
+    lake = Lake(cfg.lake_root)
+    folder = f"{lake.run_dir(orun)}/eval_org"
+    lake.write_parquet(f"{folder}/results.parquet",
+                       pa.concat_tables([results_table(cand, "candidate"), results_table(base, "baseline")]))
+    lake.write_json(f"{folder}/comparison.json", asdict(result))
+    lake.write_bytes(f"{folder}/report.md", markdown(result, candidate.name, baseline.name).encode())
+    gain = next(m for m in result.metrics if m.metric == "passed")
+    s = next(m for m in shared.metrics if m.metric == "passed")
+    details = {"org_id": org_id, "n_tasks": len(tasks), "diff_passed": gain.mean_diff, "se_passed": gain.se,
+               "candidate_pass_rate": gain.candidate_mean, "baseline_pass_rate": gain.baseline_mean}
+    write_verdict(lake, orun, Verdict(name="eval_org", passed=result.passed, reasons=result.reasons, details=details))
+    return OrgEval(orun, org_id, shared.passed, result.passed, gain.mean_diff, gain.se, gain.n, s.mean_diff, s.se)
+
+
+def org_rows(table: pa.Table, org_id: str) -> int:
+    """Rows of table belonging to org_id (for reports and checks)."""
+    return int(pc.sum(pc.equal(table["org_id"], org_id)).as_py() or 0)

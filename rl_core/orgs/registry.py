@@ -1,0 +1,121 @@
+"""Org adapters in MLflow: one registered model per organisation, `rtrl-adapter-<org>`, adapter folders as versions.
+
+Why a model per org rather than tags on `rtrl-policy`: an adapter is not a policy (it needs its base), its
+versions count that org's updates only, aliases (`live`) are per org, and deleting an org's models is one
+call when it leaves. Each version carries the lineage of the cycle's versions (parent_version = the base
+policy version it was trained on, data_window, run_id, episodes, reward_config_hash, verdict.*) plus
+kind=org_adapter, org_id, base_model and adapter_version: the name serving loads it under,
+`<org>-v<version>-<sha8 of the weights>`. MLflow can hand out a version number again after the newest
+version is deleted; the weights hash in the name keeps a name from ever meaning two different adapters
+(vLLM caches adapters by name: a reused name would serve stale weights).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rl_core.config import Config
+from rl_core.lake import Lake
+from rl_core.orgs.pipeline import check_org, org_run_id
+from rl_core.reports import read_verdicts
+
+ADAPTER_PREFIX = "rtrl-adapter-"
+LIVE_ALIAS = "live"
+ADAPTER_VERDICTS = ("train", "eval", "eval_org")  # what an adapter must pass before it serves its org
+
+
+@dataclass
+class AdapterVersion:
+    org_id: str
+    model_name: str
+    version: int
+    adapter_version: str  # the never-reused serving name
+    path: str
+    base_version: int = 0  # the rtrl-policy version it was trained on (and must be served on)
+
+
+def adapter_model_name(org_id: str) -> str:
+    return f"{ADAPTER_PREFIX}{org_id}"
+
+
+def adapter_config(cfg: Config, org_id: str) -> Config:
+    """cfg whose registry helpers (rl_core.registry.store) address the org's adapter model."""
+    c = cfg.model_copy(deep=True)
+    c.mlflow.model_name = adapter_model_name(org_id)
+    return c
+
+
+def weights_digest(adapter_dir: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(adapter_dir.glob("*.safetensors")) or sorted(adapter_dir.glob("*.bin")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:8]
+
+
+def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
+    """Register the org run's adapter folder (the same run twice returns its existing version)."""
+    from rl_core.registry import register, store
+
+    check_org(cfg, org_id)
+    orun = org_run_id(run_id, org_id)
+    acfg = adapter_config(cfg, org_id)
+    lake = Lake(cfg.lake_root)
+    summary = lake.read_json(f"{lake.run_dir(orun)}/train/summary.json") if lake.exists(
+        f"{lake.run_dir(orun)}/train/summary.json") else {}
+    adapter = Path(summary.get("adapter") or cfg.models_dir / "runs" / orun / "adapter")
+    if not (adapter / "adapter_config.json").is_file():
+        raise register.RegisterError(f"{adapter}: no adapter_config.json (did train_org run for {org_id}?)")
+    existing = register.find_version(acfg, orun)
+    if existing is not None:
+        mv = store.get_version(acfg, existing)
+        return AdapterVersion(org_id, acfg.mlflow.model_name, existing, mv.tags["adapter_version"], str(adapter),
+                              int(mv.tags["parent_version"]))
+    info = register.lineage(cfg, orun)
+    av = register_adapter_folder(cfg, org_id, adapter, info["tags"], info["metrics"])
+    lake.write_json(f"{lake.run_dir(orun)}/adapter.json",
+                    {"org_id": org_id, "model_name": av.model_name, "version": av.version,
+                     "adapter_version": av.adapter_version, "base_version": av.base_version})
+    return av
+
+
+def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict, metrics: dict | None = None
+                            ) -> AdapterVersion:
+    """A peft adapter folder as a new version of `rtrl-adapter-<org>`; tags must hold parent_version and run_id."""
+    from rl_core.registry import store
+
+    check_org(cfg, org_id)
+    if "parent_version" not in tags or "run_id" not in tags:
+        raise ValueError(f"adapter tags need parent_version and run_id, got {sorted(tags)}")
+    acfg = adapter_config(cfg, org_id)
+    tags = tags | {"kind": "org_adapter", "org_id": org_id, "base_model": cfg.mlflow.model_name}
+    version = store.register_checkpoint(acfg, adapter, run_name=str(tags["run_id"]), tags=tags, metrics=metrics)
+    name = f"{org_id}-v{version}-{weights_digest(adapter)}"
+    store.client(acfg).set_model_version_tag(acfg.mlflow.model_name, str(version), "adapter_version", name)
+    return AdapterVersion(org_id, acfg.mlflow.model_name, version, name, str(adapter), int(tags["parent_version"]))
+
+
+def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
+    """Point the org's `live` alias at version iff the org run's train, eval and eval_org verdicts passed."""
+    from rl_core.registry import store
+
+    verdicts = read_verdicts(Lake(cfg.lake_root), org_run_id(run_id, org_id))
+    failing = [n for n in ADAPTER_VERDICTS if n not in verdicts or not verdicts[n].passed]
+    if failing:
+        return False
+    store.set_alias(adapter_config(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
+    return True
+
+
+def live_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
+    """The adapter serving org_id now (alias `live`), or None: what the gateway asks per org."""
+    from rl_core.registry import store
+
+    acfg = adapter_config(cfg, org_id)
+    version = store.version_for_alias(acfg, LIVE_ALIAS)
+    if version is None:
+        return None
+    mv = store.get_version(acfg, version)
+    return AdapterVersion(org_id, acfg.mlflow.model_name, version, mv.tags.get("adapter_version", ""),
+                          str(store.checkpoint_path(acfg, version)), int(mv.tags.get("parent_version", 0)))
