@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast cycle lint init airflow mlflow bench clean lock
+.PHONY: setup test test-fast test-all cycle lint init airflow mlflow bench clean lock
 
 setup: $(STAMP)
 
@@ -21,11 +21,15 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
+# `make test` is what CI runs: every test but the very long multi-cycle experiment.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not very_slow"
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+test-all: setup
+	$(PY) -m pytest -q
 
 # One real cycle: init if needed, gateway, simulated traffic, `airflow dags test realtime_rl`, report.
 # `python -m` keeps the checkout on sys.path (rl_core and evals), whatever the editable install maps.
