@@ -94,3 +94,21 @@ def test_summary_round_trips_through_json():
     s = _summary(tokens_per_s=12.5, entropy=float("nan"))
     assert s.entropy is None  # JSON has no NaN: unknown is None, and a failed summary still reloads
     assert TrainSummary.model_validate_json(s.model_dump_json()) == s
+
+
+def test_stale_jit_build_lock_is_cleared_fresh_one_kept(tmp_path):
+    """A compile killed mid-way leaves `lock`; torch would then wait forever in every later training."""
+    import os
+    import time
+
+    from rl_core.train.launch import clear_stale_build_locks
+
+    stale, fresh = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"
+    for p in (stale, fresh):
+        p.parent.mkdir()
+        p.touch()
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    assert clear_stale_build_locks(tmp_path) == [stale]
+    assert not stale.exists() and fresh.exists()
+    assert clear_stale_build_locks(tmp_path / "missing") == []

@@ -108,9 +108,28 @@ def _worker_env(cfg: Config, extra: dict[str, str]) -> dict[str, str]:
     procs = 1 if cfg.train.launcher == "inline" else cfg.train.num_procs
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rtrl" / "torch_extensions"))
+    clear_stale_build_locks(Path(env["TORCH_EXTENSIONS_DIR"]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+def clear_stale_build_locks(ext_dir: Path, max_age_s: float = 600.0) -> list[Path]:
+    """Remove JIT-build lock files older than max_age_s (a compile takes ~1 min here).
+
+    torch's extension builder waits forever on a `lock` file, and a process killed mid-compile leaves one
+    behind: every later training would hang. Returns the locks removed.
+    """
+    removed = []
+    now = time.time()
+    for lock in ext_dir.glob("*/lock") if ext_dir.is_dir() else []:
+        try:
+            if now - lock.stat().st_mtime > max_age_s:
+                lock.unlink()
+                removed.append(lock)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _inputs_hash(cfg: Config, lake: Lake, run_id: str, base_version: int, base_dir: Path) -> str:
