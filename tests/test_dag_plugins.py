@@ -115,7 +115,7 @@ def test_launcher_timeout_kills_the_whole_process_group(cfg, tmp_path):
 
 
 def test_default_command_is_rtrl_train():
-    from rtrl_operators.deepspeed import train_command
+    from rtrl_operators.deepspeed_launch import train_command
 
     argv = train_command("cycle-1", 3)
     assert argv[1:] == ["-m", "rl_core.cli", "train", "--run-id", "cycle-1", "--base", "3"]
@@ -158,3 +158,17 @@ def test_gate_operator_rejects_unknown_checks_and_missing_args():
     op = DataQualityGateOperator(task_id="y", check="gate_raw", window={"run_id": "cycle-1"})
     with pytest.raises(AirflowFailException, match=r"missing argument\(s\) \['start', 'end'\]"):
         op.execute({})
+
+
+def test_no_plugin_file_shadows_a_real_package():
+    """Airflow imports each plugins/**/*.py as a top-level module named after the file: a plugin file called
+    deepspeed.py once replaced the real deepspeed package in the test process (and would in every worker)."""
+    from importlib.machinery import PathFinder
+
+    plugins = Path(__file__).resolve().parent.parent / "plugins"
+    outside = [p for p in sys.path if p and not Path(p).resolve().is_relative_to(plugins)]
+    stems = [f.stem for f in plugins.rglob("*.py") if f.stem != "__init__"]
+    assert stems and PathFinder.find_spec("deepspeed", outside) is not None  # the check sees real packages
+    for stem in stems:
+        found = PathFinder.find_spec(stem, outside)  # ignores sys.modules: what a fresh worker would import
+        assert found is None, f"plugins/**/{stem}.py shadows the installed module {stem} ({found.origin})"
