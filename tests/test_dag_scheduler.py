@@ -41,6 +41,7 @@ def failed_tasks(api, run_ids: list[str]) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a real scheduler running three full cycles: 5-11 min here, depending on load
 def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
     import httpx
 
