@@ -303,17 +303,24 @@ def create_app(cfg, router: Router, collector: Collector, metrics: Metrics | Non
                            param=f"{where}.org_id")
         return {**item, "org_id": org}
 
+    def _validated(body, model, single: str, org: str) -> list:
+        """Validate each event of a body (one event, a list, or {"events": [...]}): [(where, event)], the
+        first bad one raising a 4xx that names its place (`events[i]` in a batch, else `single`)."""
+        items = _items(body, "events")
+        out = []
+        for i, it in enumerate(items):
+            where = f"events[{i}]" if len(items) > 1 else single
+            try:
+                out.append((where, model.model_validate(_org_field(it, org, where))))
+            except ValidationError as exc:
+                raise validation_error(exc, where) from None
+        return out
+
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> JSONResponse:
         org = org_of(request)
-        items = _items(await read_json(request), "events")
         rows = []
-        for i, it in enumerate(items):
-            where = f"events[{i}]" if len(items) > 1 else "feedback"
-            try:
-                ev = FeedbackEvent.model_validate(_org_field(it, org, where))
-            except ValidationError as exc:
-                raise validation_error(exc, where) from None
+        for where, ev in _validated(await read_json(request), FeedbackEvent, "feedback", org):
             if not collector.index.known(ev.event_id, org):
                 raise ApiError(404, f"{where}.event_id {ev.event_id}: no such interaction for this org",
                                param=f"{where}.event_id", code="unknown_event")
@@ -324,14 +331,8 @@ def create_app(cfg, router: Router, collector: Collector, metrics: Metrics | Non
     @app.post("/v1/interactions")
     async def interactions(request: Request) -> JSONResponse:
         org = org_of(request)
-        items = _items(await read_json(request), "events")
         rows, seen, dupes = [], set(), 0
-        for i, it in enumerate(items):
-            where = f"events[{i}]" if len(items) > 1 else "interaction"
-            try:
-                ev = InteractionEvent.model_validate(_org_field(it, org, where))
-            except ValidationError as exc:
-                raise validation_error(exc, where) from None
+        for where, ev in _validated(await read_json(request), InteractionEvent, "interaction", org):
             owner = collector.index.org_of(ev.event_id)
             if owner is not None and owner != org:
                 raise ApiError(409, f"{where}.event_id {ev.event_id} is already used", param=f"{where}.event_id")
