@@ -8,7 +8,11 @@ per configuration: max RSS on CPU, max allocated on GPU. Both engines run rl_cor
 .compute_loss (policy forward, frozen reference forward, k3 KL, PPO/IS loss) on the same random-init
 model (weights do not change the cost) and the same batches, then AdamW with grad clipping; DeepSpeed
 uses the trainer's own ds_config (ZeRO stage --zero, bf16 on GPU, fp32 on CPU), the torch loop
-torch.optim.AdamW (autocast bf16 on GPU). tokens/s counts prompt + completion tokens. MFU (GPU only):
+torch.optim.AdamW (autocast bf16 on GPU). tokens/s counts prompt + completion tokens.
+The "DeepSpeed cost" column comes from a paired run: one process holds both engines (two copies of the
+same policy, one shared reference) and alternates their steps on the same batches, swapping which goes
+first each step, and compares median step times. On a small shared CPU the step time drifts by 10-20%
+between processes, more than the difference being measured; pairing cancels that drift. MFU (GPU only):
 model FLOPs = 6*N_body*tokens (train) + 2*N_body*tokens (reference) + 8*V*d*(kept logits positions),
 over the GPU's dense bf16 peak (BENCH_PEAK_TFLOPS overrides the table).
 """
@@ -64,6 +68,67 @@ def _batches(n: int, mb: int, seq: int, comp: int, vocab: int, device) -> list[d
     return out
 
 
+def _stepper(engine: str, policy, tc, lc, ref, device, bf16: bool):
+    """One optimizer step of `engine` ("deepspeed": the trainer's own engine, or "torch") on a batch."""
+    import torch
+
+    from rl_core.train.step import compute_loss
+
+    if engine == "deepspeed":
+        import deepspeed
+
+        from rl_core.train.trainer import make_engine
+
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+        model = make_engine(policy, list(policy.parameters()), tc, bf16, world=1)
+
+        def step(t):
+            out = compute_loss(model, t, lc, ref)
+            model.backward(out.loss)
+            model.step()
+        return step
+    model = policy.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    def step(t):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            out = compute_loss(model, t, lc, ref)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def paired(args, policy_t, policy_d, batches, tc, lc, ref, device, bf16) -> dict:
+    """Both engines in this process, alternating steps (the order swaps every step); median step times."""
+    import statistics
+
+    import torch
+
+    steps = {"torch": _stepper("torch", policy_t, tc, lc, ref, device, bf16),
+             "deepspeed": _stepper("deepspeed", policy_d.to(device), tc, lc, ref, device, bf16)}
+    times: dict[str, list[float]] = {"torch": [], "deepspeed": []}
+    for i, t in enumerate(batches):
+        order = ("torch", "deepspeed") if i % 2 == 0 else ("deepspeed", "torch")
+        for name in order:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            steps[name](t)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:  # step 0 is the warm-up of both
+                times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    res = {"model": args.model, "engine": "pair", "pairs": len(times["torch"]), "torch_s": med["torch"],
+           "deepspeed_s": med["deepspeed"], "cost": med["deepspeed"] / med["torch"] - 1,
+           "cost_per_pair": [d / t - 1 for t, d in zip(times["torch"], times["deepspeed"], strict=True)]}
+    print("RESULT " + json.dumps(res), flush=True)
+    return res
+
+
 def one(args) -> dict:
     """Measure one (model, engine) in this process; prints a JSON line."""
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -73,8 +138,7 @@ def one(args) -> dict:
 
     from rl_core.config import TrainConfig
     from rl_core.train.loss import LossConfig
-    from rl_core.train.step import compute_loss, reference_fn
-    from rl_core.train.trainer import ds_config
+    from rl_core.train.step import reference_fn
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda:0" if cuda else "cpu")
@@ -86,33 +150,14 @@ def one(args) -> dict:
     ref_model = _build(args.model, torch.bfloat16 if bf16 else torch.float32).to(device).eval().requires_grad_(False)
     ref = reference_fn(ref_model=ref_model)
     n_body = sum(p.numel() for n, p in policy.named_parameters() if "embed_tokens" not in n)
-    batches = _batches(args.steps + 1, args.mb, args.seq, args.completion, MODELS[args.model]["vocab_size"], device)
+    n_batches = (args.pairs if args.engine == "pair" else args.steps) + 1
+    batches = _batches(n_batches, args.mb, args.seq, args.completion, MODELS[args.model]["vocab_size"], device)
     for t in batches:  # behaviour logprobs = the reference's: ratios start at 1 as on real traffic
         t["behaviour_logprobs"] = ref(t).float()
 
-    if args.engine == "deepspeed":
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
-        model, *_ = deepspeed.initialize(model=policy, model_parameters=list(policy.parameters()),
-                                         config=ds_config(tc, bf16))
-
-        def step(t):
-            out = compute_loss(model, t, lc, ref)
-            model.backward(out.loss)
-            model.step()
-    else:
-        model = policy.to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-
-        def step(t):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-                out = compute_loss(model, t, lc, ref)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+    if args.engine == "pair":
+        return paired(args, policy, _build(args.model, torch.float32), batches, tc, lc, ref, device, bf16)
+    step = _stepper(args.engine, policy, tc, lc, ref, device, bf16)
     step(batches[0])  # warm-up (allocations, kernels)
     if cuda:
         torch.cuda.synchronize()
@@ -148,7 +193,8 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=None, help="micro batch (default 4 on CPU, 8 on GPU)")
     ap.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 256 on CPU, 1024 on GPU)")
     ap.add_argument("--completion", type=int, default=None, help="completion tokens (default seq/4)")
-    ap.add_argument("--zero", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=6, help="timed step pairs of the paired run")
+    ap.add_argument("--zero", type=int, default=0, help="ZeRO stage of the DeepSpeed engine (the trainer's default: 0)")
     ap.add_argument("--one", nargs=2, metavar=("MODEL", "ENGINE"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29533, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -165,22 +211,27 @@ def main() -> None:
     models = args.models.split(",") if args.models else (["tiny", "smollm2-135m"] + (["0.5b"] if cuda else []))
     rows = []
     for m in models:
-        for engine in ("torch", "deepspeed"):
+        for engine in ("torch", "deepspeed", "pair"):
             cmd = [sys.executable, __file__, "--one", m, engine, "--steps", str(args.steps), "--mb", str(args.mb),
-                   "--seq", str(args.seq), "--completion", str(args.completion), "--zero", str(args.zero)]
+                   "--seq", str(args.seq), "--completion", str(args.completion), "--zero", str(args.zero),
+                   "--pairs", str(args.pairs)]
             p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"DS_ACCELERATOR": "cuda" if cuda else "cpu"})
             line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
             if line is None:
                 sys.exit(f"{m}/{engine} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
             rows.append(json.loads(line[len("RESULT "):]))
     print(f"\nbatch {args.mb} x {args.seq} tokens ({args.completion} completion), {args.steps} timed steps after 1 "
-          f"warm-up, ZeRO-{args.zero} for DeepSpeed, KL reference forward included\n")
+          f"warm-up, ZeRO-{args.zero} for DeepSpeed, KL reference forward included; DeepSpeed cost: median step "
+          f"time of {args.pairs} interleaved pairs in one process (min..max of the pairs)\n")
     print("| model | params | engine | device | precision | tokens/s | s/step | peak mem GB | DeepSpeed cost | MFU |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     by = {(r["model"], r["engine"]): r for r in rows}
     for r in rows:
-        base = by.get((r["model"], "torch"))
-        cost = f"{base['tokens_per_s'] / r['tokens_per_s'] - 1:+.1%}" if r["engine"] == "deepspeed" and base else ""
+        if r["engine"] == "pair":
+            continue
+        pair = by.get((r["model"], "pair"))
+        cost = (f"{pair['cost']:+.1%} ({min(pair['cost_per_pair']):+.0%}..{max(pair['cost_per_pair']):+.0%})"
+                if r["engine"] == "deepspeed" and pair else "")
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "n/a"
         print(f"| {r['model']} | {r['params_m']}M | {r['engine']} | {r['device']} | {r['precision']} | "
               f"{r['tokens_per_s']:.0f} | {r['s_per_step']:.2f} | {r['peak_mem_gb']:.2f} | {cost} | {mfu} |")

@@ -128,7 +128,7 @@ class TrainConfig(Section):
     launcher: Literal["deepspeed", "torchrun", "inline"] = "deepspeed"
     num_procs: int = Field(1, gt=0)  # processes per node (CPU processes here, GPUs on GPU nodes)
     hostfile: str = ""  # DeepSpeed hostfile for multi-node GPU training
-    zero_stage: int = Field(2, ge=0, le=3)
+    zero_stage: int = Field(0, ge=0, le=3)  # 0 for one rank; 2/3 shard across GPUs (bench/train_throughput.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     lr: float = Field(1e-5, gt=0)
     micro_batch_size: int = Field(4, gt=0)

@@ -72,6 +72,21 @@ def ds_config(tc, bf16: bool) -> dict:
     }
 
 
+def make_engine(policy, params, tc, bf16: bool, world: int):
+    """The DeepSpeed engine the trainer (and bench/train_throughput.py) uses.
+
+    With one rank and ZeRO-0 there is nothing to average, yet the engine would still copy every gradient
+    into a flat buffer, all-reduce it over a group of one and copy it back after each backward: measured
+    at ~4% of a SmolLM2-135M step on 2 CPU cores. That all-reduce is switched off in exactly that case.
+    """
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=policy, model_parameters=params, config=ds_config(tc, bf16))
+    if world == 1 and tc.zero_stage == 0:
+        engine.enable_backward_allreduce = False
+    return engine
+
+
 def _load_policy(spec: TrainSpec, tc, bf16: bool, device):
     """(policy to train, reference callable). LoRA: adapters on the policy; the reference is it without them."""
     import torch
@@ -185,7 +200,7 @@ def run(spec: TrainSpec) -> int:
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
     params = [p for p in policy.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=policy, model_parameters=params, config=ds_config(tc, bf16))
+    engine = make_engine(policy, params, tc, bf16, world)
     ds_dir = Path(spec.ds_dir)
     start_step, history = _resume(engine, ds_dir)
     t_ready = time.time()
