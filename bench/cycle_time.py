@@ -2,6 +2,8 @@
 
     python bench/cycle_time.py [--interactions N]      (RTRL_PROFILE / RTRL_HOME pick the stack; default: a
                                                          fresh temp home, so nothing of yours is touched)
+    RTRL_HOME=H python bench/cycle_time.py --experiment OUT   (no new cycle: the last cycle of an
+                                                         `rtrl experiment --out OUT` run with RTRL_HOME=H)
 
 Runs rl_core.cycle.run_cycle once (init, gateway, simulated traffic, compaction, `airflow dags test`), then
 reads what happened from the files: the cycle's own timings, each Airflow task's start/end from the
@@ -16,12 +18,14 @@ compaction) is overhead. Prints a markdown table. Target: overhead <= 5% of the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sqlite3
 import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -92,7 +96,10 @@ def training_compute_s(cfg, lake, run_id: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--interactions", type=int, default=None)
+    ap.add_argument("--experiment", default=None, help="an experiment's --out folder: break down its last cycle")
     args = ap.parse_args()
+    if args.experiment and not os.environ.get("RTRL_HOME"):
+        sys.exit("--experiment needs the RTRL_HOME the experiment ran with")
     if not os.environ.get("RTRL_HOME"):
         os.environ["RTRL_HOME"] = tempfile.mkdtemp(prefix="rtrl-bench-cycle-")
     from rl_core.config import load_config
@@ -100,8 +107,14 @@ def main() -> int:
     from rl_core.lake import Lake
 
     cfg = load_config()
-    report = run_cycle(cfg, interactions=args.interactions)
     lake = Lake(cfg.lake_root)
+    if args.experiment:
+        last = json.loads((Path(args.experiment) / "curves.json").read_text())[-1]
+        h = lake.read_json(f"{lake.run_dir(last['run_id'])}/harvest.json")
+        report = SimpleNamespace(run_id=last["run_id"], start=h["start"], end=h["end"], seconds=last["seconds"],
+                                 dag_rc=last["dag_rc"], interactions=last["interactions"])
+    else:
+        report = run_cycle(cfg, interactions=args.interactions)
     start, end = datetime.fromisoformat(report.start), datetime.fromisoformat(report.end)
     secs = dict(report.seconds or {})
     total = sum(secs.values())

@@ -313,8 +313,10 @@ def print_report(cfg, r: CycleReport) -> None:
     print("\n".join(lines))
 
 
-def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None) -> CycleReport:
-    """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts."""
+def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
+              policy_version: int | None = None) -> CycleReport:
+    """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
+    policy_version: the version the DAG updates (its `policy_version` param); None = the champion."""
     from rl_core.collect.compact import compact
     from rl_core.init import init
     from rl_core.lake import Lake
@@ -349,7 +351,8 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None)
     print(f"[cycle] compacted {c.segments} WAL segments into {cfg.lake_root}")
     start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)
     w = Window(start_ts, end_ts, run_id_for(start_ts, end_ts, cfg.airflow.schedule_hours))
-    conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()})
+    conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()}
+                      | ({"policy_version": int(policy_version)} if policy_version else {}))
     dag_log = log_dir / "dags-test.log"
     print(f"[cycle] airflow dags test {cfg.airflow.dag_id} -c '{conf}' (log {dag_log})")
     with open(dag_log, "ab") as out:

@@ -96,8 +96,9 @@ def load_sql(name: str) -> str:
     return path.read_text()
 
 
-def connect(lake: Lake, threads: int | None = None, memory_limit: str | None = "1536MB"):
-    """A DuckDB connection that can read the lake (fsspec filesystems registered for remote lakes)."""
+def connect(lake: Lake, threads: int | None = None, memory_limit: str | None = None):
+    """A DuckDB connection that can read the lake (fsspec filesystems registered for remote lakes).
+    memory_limit: config harvest.duckdb_memory_limit (None: DuckDB's default, 80% of RAM)."""
     import duckdb
 
     # big sorts spill here (per process: concurrent processes must not share DuckDB's temp file names)
@@ -220,7 +221,7 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
     ifiles = lake.list_window("interactions", start, end)
     ffiles = lake.list_window("feedback", start, grace_end)
 
-    con = connect(lake)
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)

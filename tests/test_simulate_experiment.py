@@ -52,3 +52,15 @@ def test_experiment_two_cycles_logs_learning_curves(rtrl_home, tmp_path, monkeyp
     assert [m.step for m in hist] == [1, 2]
     assert set(runs[0].data.metrics) >= {"mean_reward", "edit_persisted_rate", "broken_tool_rate"}
     assert set(CURVES) >= {"kl", "eval_pass_rate", "clarifying_rate"}
+
+
+def test_train_base_is_the_champion_or_the_deployed_challenger(registered):
+    from rl_core.registry import store
+    from rl_core.simulate.experiment import train_base
+
+    cfg = registered
+    assert train_base(cfg, "champion") is None  # the DAG's default: its champion
+    assert train_base(cfg, "latest") == 1  # no challenger yet: the champion
+    v = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="t")
+    store.set_alias(cfg, "challenger", int(v), "test")
+    assert train_base(cfg, "latest") == int(v)

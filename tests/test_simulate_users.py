@@ -227,3 +227,15 @@ def test_bad_input_is_refused_naming_the_field(cfg):
     with pytest.raises(ValueError, match="base_url"):
         simulate(cfg, None, progress=False)
     assert tasks_for(BANK, "org-acme") and not [t for t in tasks_for(BANK, "org-acme") if t.org == "org-globex"]
+
+
+def test_request_attaches_the_task_files_as_fenced_code_then_asks():
+    from rl_core.simulate.users import request_text
+
+    t = task("sim-add")
+    for persona in ("patient", "terse"):
+        u = User("u1", GLOBEX, PERSONAS[persona], 0)
+        text = request_text(u, t)
+        assert text.startswith("mathx.py:\n```python\ndef add(a, b):\n    return a - b\n```\n")
+        assert t.task.prompt.lower().rstrip(".!") in text.lower().split("```")[-1]
+        assert task_of([{"role": "user", "content": text}], BANK).id == "sim-add"

@@ -90,7 +90,7 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
                "interaction_files": len(ifiles), "feedback_files": len(ffiles)}
     if problems:
         return _finish(lake, run_id, "gate_raw", [], problems, details)
-    con = connect(lake)
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
@@ -134,7 +134,7 @@ def gate_episodes(cfg: Config, run_id: str) -> Verdict:
     details = {"policy_version": manifest.get("policy_version")}
     if problems:
         return _finish(lake, run_id, "gate_episodes", [], problems, details)
-    con = connect(lake)
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         df = con.sql(load_sql("quality/episodes.sql"), params={"path": lake.url(path)}).df()
     finally:
@@ -177,7 +177,7 @@ def gate_rewards(cfg: Config, run_id: str) -> Verdict:
     details = {"episodes": n_episodes, "reward_config_hash": cfg.rewards.config_hash()}
     if problems:
         return _finish(lake, run_id, "gate_rewards", [], problems, details)
-    con = connect(lake)
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         df = con.sql(load_sql("quality/rewards.sql"), params={"path": lake.url(path)}).df()
     finally:

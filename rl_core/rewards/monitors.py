@@ -27,7 +27,7 @@ def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
     for p in (eps, rws):
         if not lake.exists(p):
             raise FileNotFoundError(f"run {run_id!r} has no {p}: run harvest and rewards first")
-    con = connect(lake)
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         rows = con.sql(load_sql("rewards/_monitor_rates.sql"),
                        params={"episodes": lake.url(eps), "rewards": lake.url(rws), "refusal": REFUSAL}).fetchall()

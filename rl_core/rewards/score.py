@@ -78,7 +78,7 @@ def score_run(cfg: Config, run_id: str) -> RewardsResult:
     if not lake.exists(src):
         raise FileNotFoundError(f"run {run_id!r} has no {src}: run `rtrl harvest` first")
     url = lake.url(src)
-    con = connect(lake)
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         reader = con.sql(load_sql("rewards/_scorer_input.sql"), params={"path": url}).to_arrow_reader(BATCH_ROWS)
         batches = [score_batch(b) for b in reader]

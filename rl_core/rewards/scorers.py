@@ -1,8 +1,9 @@
 """Python scorers for what SQL cannot judge well, run over Arrow batches.
 
 - tool calls: is each call well-formed against its tool's JSON schema? Only rows that carry a call are
-  parsed (an Arrow filter finds them), and one compiled validator is cached per distinct tools list, so
-  the per-row Python is limited to the json.loads of the calls themselves.
+  parsed (an Arrow filter finds them), with orjson, and each distinct tools list is compiled once into
+  fastjsonschema validators (generated Python code: ~4x faster than jsonschema's generic walk over 200k
+  calls, bench/harvest_rewards.py); a schema fastjsonschema cannot compile falls back to jsonschema.
 - clarifying question and empty/refusal answers: RE2 regexes over the whole column at once.
 Broken calls (unparseable JSON, the toolcalls.INVALID name, an unknown tool, arguments that violate the
 schema) are flagged so rewards can make them negative examples; they are never dropped.
@@ -10,11 +11,13 @@ schema) are flagged so rewards can make them negative examples; they are never d
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+import fastjsonschema
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,23 +56,39 @@ def is_empty_or_refusal(text: pa.Array | pa.ChunkedArray, calls: pa.Array | pa.C
     return pc.or_(empty, pc.match_substring_regex(low, REFUSAL))
 
 
+def _compile(schema: dict[str, Any]) -> Callable[[Any], bool]:
+    """A predicate args -> valid, from fastjsonschema; jsonschema for what fastjsonschema cannot compile."""
+    try:
+        check = fastjsonschema.compile(schema)
+    except Exception:  # a draft or keyword fastjsonschema lacks: the reference validator decides
+        from jsonschema import Draft202012Validator
+
+        return Draft202012Validator(schema).is_valid
+
+    def valid(args: Any) -> bool:
+        try:
+            check(args)
+        except fastjsonschema.JsonSchemaException:
+            return False
+        return True
+    return valid
+
+
 @lru_cache(maxsize=256)
 def _validators(tools_json: str | None) -> dict[str, Any]:
-    """tool name -> jsonschema validator (None when the tool declares no parameters)."""
-    from jsonschema import Draft202012Validator
-
+    """tool name -> predicate on the arguments (None when the tool declares no parameters)."""
     if not tools_json:
         return {}
     try:
-        tools = json.loads(tools_json)
-    except json.JSONDecodeError:
+        tools = orjson.loads(tools_json)
+    except orjson.JSONDecodeError:
         return {}
     out: dict[str, Any] = {}
     for t in tools if isinstance(tools, list) else []:
         spec = t.get("function", t) if isinstance(t, dict) else {}
         name, params = spec.get("name"), spec.get("parameters")
         if isinstance(name, str):
-            out[name] = Draft202012Validator(params) if isinstance(params, dict) and params else None
+            out[name] = _compile(params) if isinstance(params, dict) and params else None
     return out
 
 
@@ -81,13 +100,13 @@ def call_is_valid(call: dict[str, Any], validators: dict[str, Any]) -> bool:
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+            args = orjson.loads(args) if args.strip() else {}
+        except orjson.JSONDecodeError:
             return False
     if not isinstance(args, dict):
         return False
     v = validators[name]
-    return v is None or v.is_valid(args)
+    return v is None or v(args)
 
 
 def tool_calls_broken(tool_calls: pa.Array | pa.ChunkedArray, text: pa.Array | pa.ChunkedArray,
@@ -109,8 +128,8 @@ def _all_valid(raw: str | None, text: str | None, validators: dict[str, Any]) ->
         parsed = toolcalls.parse(text or "")[1]  # calls left in the text only
     else:
         try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError:
             return False
     if not isinstance(parsed, list) or not parsed:
         return False

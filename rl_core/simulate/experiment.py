@@ -214,7 +214,18 @@ def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, 
     return rid
 
 
-def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path) -> tuple[list[CycleMetrics], Paired | None, str]:
+def train_base(cfg, train_from: str) -> int | None:
+    """The version a cycle updates: None (the DAG's default, the champion) or, for "latest", the version
+    serving as challenger when there is one (the newest policy that passed every gate), else the champion."""
+    if train_from == "champion":
+        return None
+    from rl_core.registry.store import version_for_alias
+
+    return version_for_alias(cfg, "challenger") or version_for_alias(cfg, "champion")
+
+
+def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
+                   train_from: str = "champion") -> tuple[list[CycleMetrics], Paired | None, str]:
     from rl_core.cycle import print_report, run_cycle
 
     if cycles < 1:
@@ -223,7 +234,8 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path) ->
     curves: list[CycleMetrics] = []
     for k in range(1, cycles + 1):
         print(f"[experiment] cycle {k}/{cycles}", file=sys.stderr)
-        report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}")
+        report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
+                           policy_version=train_base(cfg, train_from))
         print_report(cfg, report)
         curves.append(cycle_metrics(cfg, k, report))
     pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
@@ -234,7 +246,7 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path) ->
     (out_dir / "curves.json").write_text(json.dumps([asdict(m) for m in curves], indent=2))
     params = {"cycles": cycles, "interactions": interactions or cfg.simulate.interactions, "profile": cfg.profile,
               "base": cfg.model.base, "users": cfg.simulate.users, "seed": cfg.simulate.seed,
-              "challenger_share": cfg.serving.challenger_share}
+              "challenger_share": cfg.serving.challenger_share, "train_from": train_from, "lr": cfg.train.lr}
     rid = log_mlflow(cfg, curves, pair, png, md, params, task_pair)
     return curves, pair, rid
 
@@ -244,7 +256,11 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interactions", type=int, default=None, help="simulated interactions per cycle")
     p.add_argument("--users", type=int, default=None, help="simulated users (the same users every cycle)")
     p.add_argument("--challenger-share", type=float, default=0.5,
-                   help="A/B share of the challenger during the experiment (default 0.5: faster verdicts)")
+                   help="A/B share of the challenger during the experiment (default 0.5: faster verdicts; 1.0: "
+                        "every user gets the newest policy, so the per-user pairing compares v1 with the last)")
+    p.add_argument("--train-from", choices=("champion", "latest"), default="champion",
+                   help="what each cycle updates: the champion (production; updates compound only through A/B "
+                        "promotions) or the latest deployed challenger (updates compound every cycle)")
     p.add_argument("--out", default=None, help="folder for results.md, curves.json, learning_curves.png")
     p.set_defaults(run=_run)
 
@@ -265,7 +281,7 @@ def _run(args) -> int:
         cfg = load_config()
         out = Path(args.out) if args.out else cfg.home_path / "experiments" / time.strftime("%Y%m%dT%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
-        curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out)
+        curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out, args.train_from)
     finally:  # leave the caller's environment as it was (tests call this in-process)
         for k, v in saved.items():
             if v is None:
