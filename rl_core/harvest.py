@@ -52,6 +52,8 @@ EPISODES_SCHEMA = pa.schema(
         ("tool_calls", pa.string()),
         ("finish_reason", pa.string()),
         ("latency_ms", pa.float64()),
+        ("temperature", pa.float32()),  # the sampling parameters the behaviour logprobs are under
+        ("top_p", pa.float32()),
         ("n_feedback", pa.int32()),
         ("edit_applied", pa.bool_()),
         ("edit_persisted", pa.bool_()),

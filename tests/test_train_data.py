@@ -147,3 +147,43 @@ def test_trainer_logprobs_on_padded_batches_equal_serving_logprobs(tiny_checkpoi
     m = t["loss_mask"] > 0
     torch.testing.assert_close(logp[m], t["behaviour_logprobs"][m], rtol=0, atol=2e-5)
     assert run.episodes == 6 and int(m.sum()) == 2 + 5 * 5
+
+
+def test_policy_logprobs_use_each_episodes_sampling_temperature(tiny_checkpoint, tmp_path):
+    """Served at T=0.8, the behaviour logprobs are under logits/0.8: the trainer must match them there
+    (an unchanged policy has ratio 1), and would not at T=1."""
+    import torch
+
+    from rl_core.models import load_model
+    from rl_core.serving.backends.hf import processed_logprobs
+    from rl_core.train.step import completion_logprobs
+
+    lake = Lake(str(tmp_path / "lake"))
+    synthetic.make_run(lake, "r-temp", tiny_checkpoint, n_prompts=2, per_prompt=2, completion_len=4)
+    ep = lake.read_parquet("runs/r-temp/episodes.parquet")
+    ep = ep.append_column("temperature", pa.array([0.8] * ep.num_rows, pa.float32()))
+    samples, stats = build_samples(ep, lake.read_parquet("runs/r-temp/rewards.parquet"), TrainConfig())
+    assert [s.temperature for s in samples] == pytest.approx([0.8] * 4) and stats.top_p_below_one == 0
+    model, _ = load_model(tiny_checkpoint)
+    with torch.no_grad():
+        for s in samples:  # what the transformers backend logs when it samples at T=0.8
+            ids = torch.tensor([s.prompt_ids + s.completion_ids])  # [1,L]
+            logits = model(input_ids=ids).logits[0]  # [L,V]
+            s.behaviour_logprobs = [float(processed_logprobs(logits[len(s.prompt_ids) + j - 1], 0.8, 1.0)[tok])
+                                    for j, tok in enumerate(s.completion_ids)]
+        t = to_tensors(collate(samples, pad_id=0), "cpu")
+        assert t["temperature"].tolist() == pytest.approx([0.8] * 4)
+        logp, _ = completion_logprobs(model, t, with_entropy=False)  # [B,C]
+        untempered, _ = completion_logprobs(model, {k: v for k, v in t.items() if k != "temperature"}, False)
+    m = t["loss_mask"] > 0
+    torch.testing.assert_close(logp[m], t["behaviour_logprobs"][m], rtol=0, atol=2e-5)
+    assert (untempered[m] - t["behaviour_logprobs"][m]).abs().max() > 1e-2
+
+
+def test_sampling_temperature_greedy_unknown_and_bad():
+    from rl_core.train.data import sampling_temperature
+
+    assert sampling_temperature(None, "e") == 1.0 and sampling_temperature(0.0, "e") == 1.0
+    assert sampling_temperature(0.7, "e") == pytest.approx(0.7)
+    with pytest.raises(DataError, match="episodes.temperature"):
+        sampling_temperature(-1.0, "e9")

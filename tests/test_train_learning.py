@@ -1,4 +1,4 @@
-"""The whole update, for real: DeepSpeed (ZeRO-2, fp32, gloo) in a child process on the tiny model.
+"""The whole update, for real: DeepSpeed (ZeRO-0, the default for one rank; fp32, gloo) in a child process on the tiny model.
 
 Learning must be visible: a synthetic reward prefers one token, and after one epoch that token's
 probability after the prompts has risen; the saved HF folder reloads and generates; the summary, the

@@ -6,6 +6,12 @@ its first max_seq_len-1 tokens. Both are counted in DataStats, never dropped sil
 missing column, an episode without a reward, logprobs that do not match the tokens) raises DataError
 naming the field and the event.
 
+Behaviour logprobs are under the distribution the server sampled from (logits / temperature, then top_p);
+each sample carries its temperature so the policy's logprobs are taken under the same temperature and the
+importance ratio compares like with like (rl_core/train/step.py). Temperature 0 (greedy) or unknown counts
+as 1. top_p < 1 is not re-applied (the nucleus would be the new policy's, not the sampler's): such
+episodes are counted in DataStats.top_p_below_one.
+
 Batches are left-padded so that every completion ends at the last position: the model then only needs
 logits for the last C+1 positions (`logits_to_keep`), C the longest completion of the batch.
 """
@@ -39,6 +45,7 @@ class Sample:
     behaviour_logprobs: list[float]
     reward: float
     advantage: float
+    temperature: float = 1.0
 
 
 @dataclass
@@ -49,6 +56,7 @@ class DataStats:
     truncated_prompt: int = 0  # episodes whose prompt lost tokens on the left
     truncated_completion: int = 0  # episodes whose completion was cut (it alone exceeded max_seq_len)
     empty_completion: int = 0  # episodes with no completion token (kept, masked: they teach nothing)
+    top_p_below_one: int = 0  # sampled with top_p < 1: their behaviour logprobs are nucleus-renormalised
     grouped: int = 0
     running: int = 0
     reward_mean: float = 0.0
@@ -69,6 +77,7 @@ class Batch:
     loss_mask: list[list[int]]  # [B][C]
     advantages: list[float]  # [B]
     event_ids: list[str] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)  # [B] sampling temperature of each row
 
     @property
     def completion_len(self) -> int:
@@ -111,6 +120,7 @@ def build_samples(episodes: pa.Table, rewards: pa.Table, tc) -> tuple[list[Sampl
     if missing:
         raise DataError(f"rewards: no reward for {len(missing)} episode(s), e.g. event {missing[0]}")
     stats = DataStats(episodes=n)
+    temps, top_ps = ep.get("temperature", [None] * n), ep.get("top_p", [None] * n)
     samples: list[Sample] = []
     for i in range(n):
         eid = ep["event_id"][i]
@@ -139,7 +149,9 @@ def build_samples(episodes: pa.Table, rewards: pa.Table, tc) -> tuple[list[Sampl
             stats.truncated_prompt += 1
         stats.tokens += len(prompt) + len(comp)
         stats.completion_tokens += len(comp)
-        samples.append(Sample(eid, prompt, comp, [float(x) for x in lps], reward_of[eid], 0.0))
+        temp = sampling_temperature(temps[i], eid)
+        stats.top_p_below_one += top_ps[i] is not None and top_ps[i] < 1.0
+        samples.append(Sample(eid, prompt, comp, [float(x) for x in lps], reward_of[eid], 0.0, temp))
 
     orig_prompts = ep["prompt_token_ids"]
     group_keys = [hashlib.sha1(np.asarray(p, dtype=np.int32).tobytes()).hexdigest() for p in orig_prompts]
@@ -160,6 +172,15 @@ def build_samples(episodes: pa.Table, rewards: pa.Table, tc) -> tuple[list[Sampl
     return samples, stats
 
 
+def sampling_temperature(t: float | None, event_id: str) -> float:
+    """The temperature to divide the policy's logits by: the logged one; 1 when unknown or greedy (0)."""
+    if t is None or t == 0:
+        return 1.0
+    if not math.isfinite(t) or t < 0:
+        raise DataError(f"episodes.temperature: {t!r} is not a temperature >= 0 (event {event_id})")
+    return float(t)
+
+
 def collate(samples: list[Sample], pad_id: int, masked: bool = False) -> Batch:
     """Left-pad to the longest sequence; completions right-aligned. masked=True: a batch that trains nothing."""
     seq_len = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
@@ -174,7 +195,8 @@ def collate(samples: list[Sample], pad_id: int, masked: bool = False) -> Batch:
         cpad = comp_len - len(s.completion_ids)
         beh.append([0.0] * cpad + s.behaviour_logprobs)
         lmask.append([0] * comp_len if masked else [0] * cpad + [1] * len(s.completion_ids))
-    return Batch(ids, att, beh, lmask, [0.0 if masked else s.advantage for s in samples], [s.event_id for s in samples])
+    return Batch(ids, att, beh, lmask, [0.0 if masked else s.advantage for s in samples], [s.event_id for s in samples],
+                 [s.temperature for s in samples])
 
 
 def plan_batches(samples: list[Sample], tc, rank: int, world: int, pad_id: int) -> list[Batch]:
@@ -221,5 +243,7 @@ def to_tensors(batch: Batch, device) -> dict:
         "behaviour_logprobs": torch.tensor(batch.behaviour_logprobs, dtype=torch.float32, device=device),  # [B,C]
         "loss_mask": torch.tensor(batch.loss_mask, dtype=torch.float32, device=device),  # [B,C]
         "advantages": torch.tensor(batch.advantages, dtype=torch.float32, device=device),  # [B]
+        "temperature": torch.tensor(batch.temperatures or [1.0] * len(batch.advantages), dtype=torch.float32,
+                                    device=device),  # [B]
         "comp_len": comp_len,
     }

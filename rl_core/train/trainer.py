@@ -131,6 +131,14 @@ def _checkpoint(engine, ds_dir: Path, step: int, history: list[dict], rank: int)
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def _grad_norm(params) -> float:
+    """The total L2 norm of the gradients (before clipping), as DeepSpeed reports it for ZeRO >= 1."""
+    import torch
+
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+
+
 def _reduce(sums: dict[str, float], maxes: dict[str, float], device) -> tuple[dict, dict]:
     """Sum the token-weighted sums and max the maxima over ranks."""
     import torch
@@ -211,13 +219,15 @@ def run(spec: TrainSpec) -> int:
     bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0, file=sys.stderr, mininterval=1.0,
                desc=f"train {spec.run_id}", unit="step")
     for step in range(start_step, total_steps):
-        t0 = time.time()
+        t0, gn0 = time.time(), float("nan")
         sums: dict[str, float] = {k: 0.0 for k in MEAN_KEYS} | {"tokens": 0.0, "seq_tokens": 0.0}
         maxes = {"is_weight_max": 0.0}
         for b in batches[step * tc.grad_accum:(step + 1) * tc.grad_accum]:
             t = to_tensors(b, device)
             out = compute_loss(engine, t, lc, ref)
             engine.backward(out.loss)
+            if tc.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
+                gn0 = _grad_norm(params)  # ZeRO-0 clips without keeping the norm: take it before the step
             engine.step()
             n = float(out.metrics["tokens"])
             for k in MEAN_KEYS:
@@ -229,7 +239,7 @@ def run(spec: TrainSpec) -> int:
         sums, maxes = _reduce(sums, maxes, device)
         dt = max(time.time() - t0, 1e-9)
         rec = {k: sums[k] / max(sums["tokens"], 1.0) for k in MEAN_KEYS} | maxes
-        gn = engine.get_global_grad_norm()
+        gn = engine.get_global_grad_norm() if tc.zero_stage else gn0
         rec |= {"grad_norm": float(gn) if gn is not None else float("nan"), "tokens_per_s": sums["seq_tokens"] / dt,
                 "completion_tokens": sums["tokens"], "step_s": dt, "step": step + 1}
         history.append(rec)
