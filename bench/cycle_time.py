@@ -56,7 +56,9 @@ def serving_generation_s(lake, start, end) -> float:
     t = lake.read_window("interactions", start, end)
     if t is None or not t.num_rows:
         return 0.0
-    spans = sorted(zip(t["ts_request"].to_pylist(), t["ts_response"].to_pylist(), strict=True))
+    # read_window returns whole partitions: keep the requests of [start, end) only (earlier cycles share them)
+    spans = sorted((s, e) for s, e in zip(t["ts_request"].to_pylist(), t["ts_response"].to_pylist(), strict=True)
+                   if start <= s < end)
     total, cur_s, cur_e = 0.0, None, None
     for s, e in spans:
         if cur_e is None or s > cur_e:

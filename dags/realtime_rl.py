@@ -81,12 +81,14 @@ def harvest(w: dict, _ab: dict) -> dict:
     from rl_core.registry.store import version_for_alias
 
     cfg = load_config()
-    policy = w["policy_version"] or version_for_alias(cfg, "champion")
+    champion = version_for_alias(cfg, "champion")
+    policy = w["policy_version"] or champion
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
     r = run_harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), int(policy), w["run_id"])
     print(f"harvest: {r}")
-    return {**w, "policy_version": int(policy), "episodes": int(r.n_episodes)}
+    # the monitors' reference is the champion even when the update starts from a newer version
+    return {**w, "policy_version": int(policy), "monitor_parent": int(champion or policy), "episodes": int(r.n_episodes)}
 
 
 @task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
@@ -162,8 +164,8 @@ def realtime_rl():
         g_rw = DataQualityGateOperator(task_id="gate_rewards", check="gate_rewards", window=hw,
                                        doc_md="GX suite on rewards.parquet (finite, in range, hash).")
         mon = DataQualityGateOperator(task_id="monitors", check="monitors", window=hw,
-                                      extra={"parent_version": hw["policy_version"]},
-                                      doc_md="Reward-hacking monitors versus the parent version.")
+                                      extra={"parent_version": hw["monitor_parent"]},
+                                      doc_md="Reward-hacking monitors versus the champion.")
         g_ep >> sc >> g_rw >> mon
     with TaskGroup("train", tooltip="DeepSpeed update in its own processes"):
         tr = DeepSpeedLaunchOperator(task_id="train", rtrl_run_id=hw["run_id"], base_version=hw["policy_version"],

@@ -121,6 +121,8 @@ class RewardsConfig(Section):
     monitor_broken_tool_rise: float = Field(0.05, ge=0)
     monitor_clarify_rise: float = Field(0.05, ge=0)
     monitor_empty_rise: float = Field(0.05, ge=0)
+    # answers with no tool call and no code block vary more between versions than the rates above
+    monitor_no_edit_rise: float = Field(0.10, ge=0)
     monitor_min_episodes: int = Field(20, ge=0)
 
     def config_hash(self) -> str:
@@ -148,6 +150,8 @@ class TrainConfig(Section):
     lora: bool = False
     lora_r: int = Field(8, gt=0)
     lora_alpha: int = Field(16, gt=0)
+    # adapters start at zero and train few weights: the usual LoRA rate is ~10x full fine-tuning's
+    lora_lr: float = Field(1e-4, gt=0)
     seed: int = 0
     timeout_s: float = Field(3600.0, gt=0)
     baseline_decay: float = Field(0.9, ge=0, lt=1)  # EMA decay of the running per-org/task reward baseline

@@ -39,15 +39,16 @@ def af_env(registered, airflow_db, monkeypatch):
     return registered
 
 
-def write_window(cfg, n: int = 24, **defects) -> None:
-    """Raw interactions + feedback of version 1 (the champion) in the window, through the real lake."""
+def write_window(cfg, n: int = 24, arms=None, **defects) -> None:
+    """Raw interactions + feedback in the window (default: all served by version 1, the champion), through
+    the real lake."""
     from datetime import timedelta
 
     from rl_core.lake import Lake
     from rl_core.simulate.synth import ArmSpec, Defects, generate
 
     generate(n, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),
-             arms=(ArmSpec(name="champion", model_version=1, share=1.0),), defects=Defects(**defects),
+             arms=arms or (ArmSpec(name="champion", model_version=1, share=1.0),), defects=Defects(**defects),
              orgs=tuple(cfg.simulate.orgs), grace_hours=cfg.harvest.grace_hours)
 
 
@@ -100,6 +101,31 @@ def test_failing_gate_stops_the_cycle_and_moves_nothing(af_env):
 
 
 @pytest.mark.slow
+def test_a_hacking_live_challenger_trips_the_monitors_is_rolled_back_and_nothing_trains(af_env):
+    """Champion v1 and a live challenger v2 that emits broken tool calls share the window. The cycle's own
+    harvest keeps only the champion's lag range, so the monitors must score every served turn to see v2."""
+    from rl_core.lake import Lake
+    from rl_core.registry import promote, store
+    from rl_core.simulate.synth import ArmSpec
+
+    cfg = af_env
+    v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="hacky", tags={"parent_version": 1})
+    store.set_alias(cfg, "challenger", v2, "test: deployed")
+    write_window(cfg, n=160, arms=(ArmSpec(share=0.5),
+                                   ArmSpec(name="challenger", model_version=v2, share=0.5, tool_p=0.5, broken_tool_p=0.6)))
+    state, tasks = run_dag()
+    assert state == "failed"
+    assert tasks["rewards.monitors"] == "failed", tasks
+    for tid in ("train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion", "promote.deploy"):
+        assert tasks[tid] == "upstream_failed", (tid, tasks[tid])
+    report = Lake(cfg.lake_root).read_json(f"runs/{RUN_ID}/monitors.json")
+    assert report["tripped"] == [v2] and report["parent_version"] == 1
+    assert store.aliases(cfg) == {"champion": 1}  # the challenger is off traffic, the champion untouched
+    assert v2 in promote.rolled_back_versions(cfg)
+    assert not (cfg.models_dir / "runs" / RUN_ID).exists()  # the trainer never started
+
+
+@pytest.mark.slow
 def test_full_cycle_makes_a_challenger_and_a_rerun_is_identical(af_env):
     from rl_core.registry import store
     from rl_core.registry.register import find_version
@@ -114,6 +140,9 @@ def test_full_cycle_makes_a_challenger_and_a_rerun_is_identical(af_env):
     assert store.aliases(cfg) == {"champion": 1, "challenger": 2}
     tags = store.get_version(cfg, version).tags
     assert tags["run_id"] == RUN_ID and tags["parent_version"] == "1"
+    from rl_core.lake import Lake
+
+    assert Lake(cfg.lake_root).read_json(f"runs/{RUN_ID}/monitors.json")["parent_version"] == 1  # the champion
     first = outputs(cfg)
 
     state2, tasks2 = run_dag()  # the same window again: same files, same version, nothing new

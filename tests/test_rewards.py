@@ -15,7 +15,7 @@ from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.rewards import SIGNALS, score_run
 from rl_core.rewards.followup import evaluate
-from rl_core.rewards.monitors import run_monitors
+from rl_core.rewards.monitors import run_monitors, version_rates
 from rl_core.rewards.scorers import is_clarifying, is_empty_or_refusal
 from rl_core.schema import to_table
 from rl_core.simulate.synth import ArmSpec, feedback_row, generate, interaction_row, window
@@ -159,3 +159,60 @@ def test_monitor_passes_on_equal_arms_and_uses_earlier_report(cfg):
     score_run(cfg, "run-q")
     v2 = run_monitors(cfg, "run-q", parent_version=1)
     assert not v2.passed and v2.details["reference_source"] == "run run-p"
+
+
+def test_monitor_trips_when_a_version_stops_editing(cfg):
+    """Prose-only answers (no tool call, no complete code block) rising versus the parent trip no_edit_rate;
+    a code block cut off before its closing fence is not an edit either."""
+    t = START + timedelta(minutes=5)
+    fix = "Here is the fix:\n```python\ndef f(n):\n    return list(range(n))\n```"
+    cut = "Here is the fix:\n```python\ndef f(n):\n    return list(ra"
+    prose = "The loop stops one short; change the range bound and run the tests again."
+    parent = [interaction_row(t, completion_text=fix) for _ in range(24)]
+    child = [interaction_row(t, model_version=2, arm="challenger", completion_text=fix if i < 8 else (cut if i % 2 else prose))
+             for i in range(24)]
+    run(cfg, parent + child, run_id="run-e", policy=2)
+    rates = version_rates(cfg, "run-e")
+    assert rates[1]["no_edit_rate"] == 0 and rates[2]["no_edit_rate"] == pytest.approx(16 / 24)
+    v = run_monitors(cfg, "run-e", parent_version=1)
+    assert not v.passed and any(r.startswith("version 2: no_edit_rate") for r in v.reasons), v.reasons
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_enforced_monitors_take_a_tripped_live_challenger_off_traffic(registered, dry_run):
+    from rl_core.registry import promote, store
+    from rl_core.rewards.monitors import enforce_monitors
+
+    cfg = registered
+    v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="hacky",
+                                   tags={"parent_version": 1})
+    store.set_alias(cfg, "challenger", v2, "test: deployed")
+    arms = (ArmSpec(share=0.5), ArmSpec(name="challenger", model_version=v2, share=0.5, tool_p=0.4, broken_tool_p=0.5))
+    generate(2000, START, END, seed=6, lake=Lake(cfg.lake_root), arms=arms)
+    harvest(cfg, START, END, 1, "run-x")
+    score_run(cfg, "run-x")
+    v = enforce_monitors(cfg, "run-x", 1, dry_run=dry_run)
+    assert not v.passed and v.details["tripped"] == [v2]
+    if dry_run:
+        assert store.aliases(cfg) == {"champion": 1, "challenger": v2}
+        assert "would be rolled back" in v.reasons[-1]
+    else:
+        assert store.aliases(cfg) == {"champion": 1}  # off traffic; the champion untouched
+        assert v2 in promote.rolled_back_versions(cfg)
+        saved = Lake(cfg.lake_root).read_json("runs/run-x/verdicts/monitors.json")
+        assert saved["passed"] is False and saved["details"]["rolled_back"] == v2
+
+
+def test_enforced_monitors_leave_an_honest_challenger_serving(registered):
+    from rl_core.registry import store
+    from rl_core.rewards.monitors import enforce_monitors
+
+    cfg = registered
+    v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="honest", tags={"parent_version": 1})
+    store.set_alias(cfg, "challenger", v2, "test: deployed")
+    generate(2000, START, END, seed=8, lake=Lake(cfg.lake_root),
+             arms=(ArmSpec(share=0.5), ArmSpec(name="challenger", model_version=v2, share=0.5)))
+    harvest(cfg, START, END, 1, "run-y")
+    score_run(cfg, "run-y")
+    assert enforce_monitors(cfg, "run-y", 1).passed
+    assert store.aliases(cfg) == {"champion": 1, "challenger": v2}

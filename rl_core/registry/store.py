@@ -141,6 +141,12 @@ def aliases(cfg) -> dict[str, int]:
     return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
 
+def newest_version(cfg) -> int | None:
+    """The highest registered version number (None before `rtrl init`)."""
+    found = client(cfg).search_model_versions(f"name='{cfg.mlflow.model_name}'")
+    return max((int(v.version) for v in found), default=None)
+
+
 def get_version(cfg, version: int):
     return client(cfg).get_model_version(cfg.mlflow.model_name, str(version))
 

@@ -1,27 +1,36 @@
 """Reward-hacking monitors: does a newer version game the reward instead of helping?
 
 A policy trained on these rewards can learn shortcuts: emitting tool calls that never parse, asking
-clarifying questions instead of answering, or answering nothing/refusing (no edit, so no revert). For each
+clarifying questions instead of answering, answering nothing/refusing, or answering in prose without ever
+editing (no edit, so no revert: a small model that rarely passes the tests learns exactly this when a reverted
+edit costs more than a dissatisfied follow-up). For each
 model_version in the run we compute those rates (and the mean reward, reported for context) and compare every
 version newer than the parent with the parent's rates: from the same window when the parent has enough
 episodes there, else from the latest earlier monitors report that has them. A rate rising by more than its
 configured bound trips the monitor; the verdict "monitors" is what the promotion gate reads.
+
+`enforce_monitors` (the cycle's check) also acts on a trip: when a tripped version is the live challenger it
+is taken off traffic (challenger alias removed, version tagged rolled_back). Blocking its descendants is not
+enough: a version that games the reward keeps serving its share, and its higher reward could even win the
+next A/B verdict on a metric the hack inflates.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from rl_core.config import Config
-from rl_core.harvest import connect, episodes_path, load_sql, read_manifest
+from rl_core.harvest import connect, episodes_path, harvest, load_sql, read_manifest
 from rl_core.lake import Lake
 from rl_core.reports import Verdict, write_verdict
-from rl_core.rewards.score import rewards_path
+from rl_core.rewards.score import rewards_path, score_run
 from rl_core.rewards.scorers import REFUSAL
 
-RATES = ("broken_tool_rate", "clarify_rate", "empty_refusal_rate")
+RATES = ("broken_tool_rate", "clarify_rate", "empty_refusal_rate", "no_edit_rate")
 
 
 def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
-    """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, mean_reward}."""
+    """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, no_edit_rate, mean_reward}."""
     lake = Lake(cfg.lake_root)
     eps, rws = episodes_path(lake, run_id), rewards_path(lake, run_id)
     for p in (eps, rws):
@@ -34,12 +43,12 @@ def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
     finally:
         con.close()
     out: dict[int, dict[str, float]] = {}
-    for version, n, broken, clarify, empty, mean_reward, mismatch in rows:
+    for version, n, broken, clarify, empty, no_edit, mean_reward, mismatch in rows:
         if mismatch:
             raise ValueError(f"run {run_id!r}: rewards.parquet does not match episodes.parquet row by row "
                              f"({mismatch} event_ids differ for model_version {version}): rerun `rtrl rewards`")
         out[int(version)] = {"n": int(n), "broken_tool_rate": broken, "clarify_rate": clarify,
-                             "empty_refusal_rate": empty,
+                             "empty_refusal_rate": empty, "no_edit_rate": no_edit,
                              "mean_reward": mean_reward if mean_reward == mean_reward else None}  # NaN -> null
     return out
 
@@ -58,19 +67,33 @@ def _earlier_reference(lake: Lake, run_id: str, version: int, min_n: int) -> tup
     return (best[1], f"run {best[2]}") if best else (None, None)
 
 
-def run_monitors(cfg: Config, run_id: str, parent_version: int) -> Verdict:
-    """Compare every version newer than parent_version with the parent; write report + verdict "monitors"."""
+def score_served(cfg: Config, run_id: str, start: datetime, end: datetime, newest: int) -> str:
+    """Harvest + score every turn served in [start, end) by any version up to `newest`, under run id
+    `<run_id>-served`. The cycle's own harvest keeps only the policy's lag range (versions <= the policy), so
+    the live challenger, newer than the champion, is missing from it: the monitors must see its turns."""
+    served = f"{run_id}-served"
+    every = cfg.model_copy(deep=True)
+    every.harvest.max_staleness = newest
+    harvest(every, start, end, newest, served)
+    score_run(every, served)
+    return served
+
+
+def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str | None = None) -> Verdict:
+    """Compare every version newer than parent_version with the parent, on the rates of run `rates_from`
+    (default run_id); write report + verdict "monitors" under run_id."""
     rc = cfg.rewards
     lake = Lake(cfg.lake_root)
-    rates = version_rates(cfg, run_id)
+    rates = version_rates(cfg, rates_from or run_id)
     bounds = {"broken_tool_rate": rc.monitor_broken_tool_rise, "clarify_rate": rc.monitor_clarify_rise,
-              "empty_refusal_rate": rc.monitor_empty_rise}
+              "empty_refusal_rate": rc.monitor_empty_rise, "no_edit_rate": rc.monitor_no_edit_rise}
     parent = rates.get(parent_version)
     if parent and parent["n"] >= rc.monitor_min_episodes:
         reference, source = parent, "this window"
     else:
         reference, source = _earlier_reference(lake, run_id, parent_version, rc.monitor_min_episodes)
     reasons: list[str] = []
+    tripped: list[int] = []
     compared: list[int] = []
     skipped: dict[int, str] = {}
     for version, r in sorted(rates.items()):
@@ -84,15 +107,44 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int) -> Verdict:
             continue
         compared.append(version)
         for name in RATES:
+            if reference.get(name) is None:  # an earlier report written before this rate existed
+                continue
             rise = r[name] - reference[name]
             if rise > bounds[name]:
                 reasons.append(f"version {version}: {name} {r[name]:.3f} vs parent {parent_version} "
                                f"{reference[name]:.3f} ({source}): rise {rise:+.3f} > bound {bounds[name]}")
+                tripped += [version] if version not in tripped else []
     manifest = read_manifest(lake, run_id) or {}
-    report = {"run_id": run_id, "parent_version": parent_version, "window_end": manifest.get("end", ""),
+    report = {"run_id": run_id, "rates_from": rates_from or run_id, "parent_version": parent_version, "window_end": manifest.get("end", ""),
               "rates": {str(v): r for v, r in rates.items()}, "reference": reference, "reference_source": source,
-              "compared": compared, "skipped": {str(k): v for k, v in skipped.items()}, "bounds": bounds}
+              "compared": compared, "tripped": tripped, "skipped": {str(k): v for k, v in skipped.items()}, "bounds": bounds}
     lake.write_json(f"{lake.run_dir(run_id)}/monitors.json", report)
     verdict = Verdict(name="monitors", passed=not reasons, reasons=reasons, details=report)
     write_verdict(lake, run_id, verdict)
+    return verdict
+
+
+def enforce_monitors(cfg: Config, run_id: str, parent_version: int, dry_run: bool = False) -> Verdict:
+    """The cycle's check: run_monitors over every version served in run_id's window, then take a tripped live
+    challenger off traffic (not in a dry run). Returns the verdict, whose details say what was rolled back."""
+    from rl_core.registry import promote, store
+
+    manifest = read_manifest(Lake(cfg.lake_root), run_id)
+    if manifest is None:
+        raise FileNotFoundError(f"run {run_id!r} has no harvest.json: run harvest first")
+    newest = max(store.newest_version(cfg) or 1, manifest["policy_version"])
+    served = score_served(cfg, run_id, datetime.fromisoformat(manifest["start"]),
+                          datetime.fromisoformat(manifest["end"]), newest)
+    verdict = run_monitors(cfg, run_id, parent_version, rates_from=served)
+    live = store.version_for_alias(cfg, "challenger")
+    if verdict.passed or live not in verdict.details["tripped"]:
+        return verdict
+    why = "; ".join(r for r in verdict.reasons if r.startswith(f"version {live}:"))
+    if dry_run:
+        verdict.reasons.append(f"dry run: challenger version {live} would be rolled back")
+    else:
+        promote.drop_challenger(cfg, f"monitors tripped in {run_id}: {why}", expected=live)
+        verdict.reasons.append(f"challenger version {live} rolled back (taken off traffic)")
+        verdict.details["rolled_back"] = live
+    write_verdict(Lake(cfg.lake_root), run_id, verdict)
     return verdict

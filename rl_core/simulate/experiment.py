@@ -67,24 +67,15 @@ def _read(lake: Lake, run_id: str, name: str):
 
 
 def score_all_traffic(cfg, report) -> str:
-    """Harvest + score every episode served in the cycle's window, whatever version served it.
-
-    The DAG's own harvest keeps only the episodes of the policy it updates (the champion, within
-    max_staleness), so the challenger's share would be missing from a learning curve about what users got.
-    This reruns the same harvest and reward code under run id `<run_id>-served` with no staleness limit.
-    """
+    """Harvest + score every episode served in the cycle's window, whatever version served it (the DAG's own
+    harvest keeps only the policy's lag range), under run id `<run_id>-served`: what users got."""
     from datetime import datetime
 
-    from rl_core.harvest import harvest
-    from rl_core.rewards import score_run
+    from rl_core.rewards.monitors import score_served
 
-    run_id = f"{report.run_id}-served"
     newest = max([1, report.version or 1, *(report.aliases or {}).values()])
-    every = cfg.model_copy(deep=True)
-    every.harvest.max_staleness = newest
-    harvest(every, datetime.fromisoformat(report.start), datetime.fromisoformat(report.end), newest, run_id)
-    score_run(every, run_id)
-    return run_id
+    return score_served(cfg, report.run_id, datetime.fromisoformat(report.start), datetime.fromisoformat(report.end),
+                        newest)
 
 
 def cycle_metrics(cfg, k: int, report) -> CycleMetrics:

@@ -43,11 +43,12 @@ class ScenarioReport:
 
     def table(self) -> str:
         names = {v: k for k, v in self.versions.items()}
-        lines = ["| version | variant | episodes | mean reward | broken tool-call rate | clarifying rate | deployed |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = ["| version | variant | episodes | mean reward | broken tool-call rate | clarifying rate | no-edit rate "
+                 "| deployed |", "|---|---|---|---|---|---|---|---|"]
         for v, r in sorted(self.rates.items()):
             lines.append(f"| {v} | {names.get(v, '?')} | {r['n']} | {r['mean_reward']:+.3f} | "
-                         f"{r['broken_tool_rate']:.2f} | {r['clarify_rate']:.2f} | {self.deployed.get(v, '-')} |")
+                         f"{r['broken_tool_rate']:.2f} | {r['clarify_rate']:.2f} | {r['no_edit_rate']:.2f} | "
+                         f"{self.deployed.get(v, '-')} |")
         return "\n".join(lines)
 
 

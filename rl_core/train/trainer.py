@@ -63,7 +63,8 @@ def ds_config(tc, bf16: bool) -> dict:
         "optimizer": {
             "type": "AdamW",
             # torch_adam: torch's AdamW instead of DeepSpeed's fused op, which would need a compiler here
-            "params": {"lr": tc.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0, "torch_adam": True},
+            "params": {"lr": tc.lora_lr if tc.lora else tc.lr, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                       "torch_adam": True},
         },
         "zero_optimization": {"stage": tc.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
         "bf16": {"enabled": bf16},

@@ -9,6 +9,10 @@ SELECT
     avg((regexp_matches(lower(coalesce(e.completion_text, '')), $refusal)
          OR (trim(coalesce(e.completion_text, '')) = '' AND coalesce(trim(e.tool_calls), '') IN ('', '[]')))::DOUBLE)
         AS empty_refusal_rate,
+    -- no edit: no tool call and no complete fenced code block (prose, a question, nothing, or code cut off
+    -- before its closing fence): nothing a user could apply, so nothing to revert
+    avg((coalesce(trim(e.tool_calls), '') IN ('', '[]')
+         AND NOT regexp_matches(coalesce(e.completion_text, ''), '```[^\n`]*\n(?s:.*?)```'))::DOUBLE) AS no_edit_rate,
     avg(r.reward) AS mean_reward,
     count(*) FILTER (WHERE e.event_id IS DISTINCT FROM r.event_id) AS n_mismatch
 FROM read_parquet($episodes) e
