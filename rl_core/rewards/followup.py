@@ -26,11 +26,12 @@ STRONG = "|".join([
     r"(doesn't|does not|isn't) (exist|a thing|valid)", r"not (helpful|right|even|how|valid)",
     r"^\s*(no+|nope|stop|ugh|meh)\b[\s.!,]*(no|that|this|i|$)", r"^\s*no\b[.!]*\s*$", r"\bincorrect\b",
     r"failed to apply", r"\bnot really\b", r"opposite of what", r"(build|ci) is red",
+    r"waste of (my |your )?time", r"\bdo it myself\b", r"\bgive up\b", r"\bgiving up\b",
 ])
 WEAK = "|".join([
     r"\berror\b", r"exception", r"traceback", r"\bfails?\b", r"\bfailed\b", r"\bfailing\b", r"\bcrash",
     r"\bhangs?\b", r"infinite loop", r"\w+error\b", r"\bbug\b", r"^\s*no\b", r"\bdoesn't\b", r"\bdon't\b",
-    r"\bwhy is it\b", r"\bleaks?\b", r"\bnow nothing\b",
+    r"\bwhy is it\b", r"\bleaks?\b", r"\bnow nothing\b", r"\bforget it\b", r"\bnever ?mind\b",
 ])
 POSITIVE = "|".join([
     r"\bthanks?\b", r"thank you", r"\bworks?\b", r"\bworking\b", r"\bfixed\b", r"\bperfect\b", r"\bgreat\b",
