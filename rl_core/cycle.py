@@ -313,6 +313,15 @@ def print_report(cfg, r: CycleReport) -> None:
     print("\n".join(lines))
 
 
+def wait_for_window(cfg) -> float:
+    """Sleep until the previous cycle's window has ended, so that consecutive windows never overlap (each turn
+    is harvested, A/B-tested and monitored by one cycle). Returns the seconds waited."""
+    p = cfg.home_path / "cycle-window-end"
+    wait = (datetime.fromisoformat(p.read_text().strip()) - datetime.now(UTC)).total_seconds() if p.exists() else 0
+    time.sleep(max(wait, 0))
+    return max(wait, 0.0)
+
+
 def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
               policy_version: int | None = None) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
@@ -339,6 +348,7 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     try:
         wait_http(f"{base_url}/healthz", cfg.serving.vllm_startup_timeout_s + 120, gateway, gw_log)
         secs["gateway_start"] = round(time.time() - t, 1)
+        secs["wait_window"] = round(wait_for_window(cfg), 1)
         t = time.time()
         begin = datetime.now(UTC)
         n = drive_traffic(cfg, f"{base_url}/v1", interactions)
@@ -350,6 +360,7 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     c = compact(cfg.wal_dir, Lake(cfg.lake_root))
     print(f"[cycle] compacted {c.segments} WAL segments into {cfg.lake_root}")
     start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)
+    (cfg.home_path / "cycle-window-end").write_text(end_ts.isoformat())
     w = Window(start_ts, end_ts, run_id_for(start_ts, end_ts, cfg.airflow.schedule_hours))
     conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()}
                       | ({"policy_version": int(policy_version)} if policy_version else {}))

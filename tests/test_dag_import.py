@@ -152,3 +152,20 @@ def test_bad_window_params_name_the_field(params, match):
 
     with pytest.raises(ValueError, match=match):
         resolve_window(params, None, None, 5)
+
+
+def test_a_standalone_cycle_waits_for_the_previous_window_to_end(cfg):
+    """`rtrl cycle` / `rtrl experiment` windows are the traffic's minutes rounded outwards; a cycle that starts
+    soon after the last one waits, so two windows never share a turn (it would be counted twice)."""
+    import time
+    from datetime import UTC, datetime, timedelta
+
+    from rl_core.cycle import wait_for_window
+
+    assert wait_for_window(cfg) == 0.0  # first cycle: nothing to wait for
+    cfg.home_path.mkdir(parents=True, exist_ok=True)
+    (cfg.home_path / "cycle-window-end").write_text((datetime.now(UTC) + timedelta(seconds=1.5)).isoformat())
+    t = time.monotonic()
+    waited = wait_for_window(cfg)
+    assert 1.0 < waited <= 1.5 and time.monotonic() - t >= 1.0
+    assert datetime.now(UTC) >= datetime.fromisoformat((cfg.home_path / "cycle-window-end").read_text())
