@@ -22,7 +22,8 @@ from pathlib import Path
 
 from rl_core.lake import Lake
 
-CURVES = ("mean_reward", "edit_persisted_rate", "eval_pass_rate", "clarifying_rate", "broken_tool_rate", "kl")
+CURVES = ("mean_reward", "edit_persisted_rate", "eval_pass_rate", "clarifying_rate", "broken_tool_rate", "no_edit_rate",
+          "kl")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class CycleMetrics:
     user_reward: dict[str, float] = field(default_factory=dict)  # user_id -> mean reward (for the pairing)
     user_task_reward: dict[str, float] = field(default_factory=dict)  # the same without the latency term
     seconds: dict[str, float] = field(default_factory=dict)
+    no_edit_rate: float | None = None  # answers with no tool call and no complete code block (the monitors' rate)
 
 
 @dataclass
@@ -83,6 +85,7 @@ def score_all_traffic(cfg, report) -> str:
 def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
     """What one cycle's files say (all served episodes + rewards, train summary, eval verdict)."""
     from rl_core.reports import read_verdict
+    from rl_core.rewards.monitors import version_rates
 
     lake = Lake(cfg.lake_root)
     served = score_all_traffic(cfg, report)
@@ -99,6 +102,8 @@ def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
             m.mean_reward = float(r["reward"].mean())
             m.clarifying_rate = float(r["is_clarifying"].mean())
             m.broken_tool_rate = float(r["broken_tool_call"].mean())
+            rates = version_rates(cfg, served).values()
+            m.no_edit_rate = sum(x["n"] * x["no_edit_rate"] for x in rates) / max(sum(x["n"] for x in rates), 1)
             m.user_reward = {u: float(x) for u, x in r.groupby("user_id")["reward"].mean().items()}
             # latency depends on machine load as much as on the policy: also pair without it
             r["task_reward"] = r["reward"] - cfg.rewards.weights.get("latency", 0.0) * r["latency"]
@@ -139,9 +144,10 @@ def plot(curves: list[CycleMetrics], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    fig, axes = plt.subplots(2, 4, figsize=(15, 6.5))
+    axes.flat[-1].axis("off")  # 7 curves on a 2 x 4 grid
     xs = [c.cycle for c in curves]
-    for ax, name in zip(axes.flat, CURVES, strict=True):
+    for ax, name in zip(axes.flat, CURVES, strict=False):
         ys = [getattr(c, name) for c in curves]
         ax.plot(xs, [y if y is not None else float("nan") for y in ys], marker="o")
         ax.set_title(name.replace("_", " "))
@@ -163,11 +169,12 @@ def markdown(curves: list[CycleMetrics], pair: Paired | None, cfg, seconds: floa
 
     lines = [f"profile `{cfg.profile}`, base `{cfg.model.base}`, {len(curves)} cycles, {seconds / 60:.1f} min", "",
              "| cycle | run | DAG | interactions | served episodes | mean reward | edit persisted | eval pass | clarifying "
-             "| broken tool calls | KL | new version | aliases after |", "|" + "---|" * 13]
+             "| broken tool calls | no edit | KL | new version | aliases after |", "|" + "---|" * 14]
     for c in curves:
         lines.append(f"| {c.cycle} | {c.run_id} | {'ok' if c.dag_rc == 0 else f'rc {c.dag_rc}'} | {c.interactions} | "
                      f"{c.episodes} | {f(c.mean_reward, '+.3f')} | {f(c.edit_persisted_rate)} | {f(c.eval_pass_rate)} | "
-                     f"{f(c.clarifying_rate)} | {f(c.broken_tool_rate)} | {f(c.kl, '.4f')} | {c.new_version} | "
+                     f"{f(c.clarifying_rate)} | {f(c.broken_tool_rate)} | {f(c.no_edit_rate)} | {f(c.kl, '.4f')} | "
+                     f"{c.new_version} | "
                      f"{json.dumps(c.aliases)} |")
     lines.append("")
     for label, p in (("mean reward", pair), ("mean reward without the latency term", task_pair)):
