@@ -64,3 +64,18 @@ def test_train_base_is_the_champion_or_the_deployed_challenger(registered):
     v = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="t")
     store.set_alias(cfg, "challenger", int(v), "test")
     assert train_base(cfg, "latest") == int(v)
+
+
+def test_curves_plot_and_table_show_every_curve_including_a_failed_cycle(cfg, tmp_path):
+    from rl_core.simulate.experiment import CycleMetrics, markdown, plot
+
+    ok = CycleMetrics(1, "cycle-a", 0, 96, 96, -1.2, 0.04, 0.0, 0.0, 0.0, 0.016, 2, {"champion": 1, "challenger": 2},
+                      {"1": 96}, no_edit_rate=0.31)
+    failed = CycleMetrics(2, "cycle-b", 1, 96, 96, -1.1, 0.01, None, 0.01, 0.0, None, None, {"champion": 1},
+                          {"2": 96}, no_edit_rate=0.55)
+    png = plot([ok, failed], tmp_path / "curves.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    md = markdown([ok, failed], None, cfg, 60.0)
+    header, _, first, second = md.splitlines()[2:6]
+    assert "no edit" in header and header.count("|") == first.count("|") == second.count("|")
+    assert "| 0.310 |" in first and "| rc 1 |" in second and "| 0.550 |" in second and "| n/a |" in second
