@@ -317,9 +317,10 @@ def wait_for_window(cfg) -> float:
     """Sleep until the previous cycle's window has ended, so that consecutive windows never overlap (each turn
     is harvested, A/B-tested and monitored by one cycle). Returns the seconds waited."""
     p = cfg.home_path / "cycle-window-end"
-    wait = (datetime.fromisoformat(p.read_text().strip()) - datetime.now(UTC)).total_seconds() if p.exists() else 0
-    time.sleep(max(wait, 0))
-    return max(wait, 0.0)
+    end = datetime.fromisoformat(p.read_text().strip()) if p.exists() else datetime.now(UTC)
+    wait = max((end - datetime.now(UTC)).total_seconds(), 0.0)
+    time.sleep(wait)
+    return wait
 
 
 def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,

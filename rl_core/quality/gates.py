@@ -67,10 +67,9 @@ def _finish(lake: Lake, run_id: str, name: str, outcomes: list[Outcome], problem
 
 def known_versions(cfg: Config) -> list[int]:
     """Every version of the registered model (a version outside this list was logged wrongly)."""
-    from rl_core.registry.store import client
+    from rl_core.registry import store
 
-    found = client(cfg).search_model_versions(f"name='{cfg.mlflow.model_name}'")
-    return sorted(int(v.version) for v in found)
+    return store.known_versions(cfg)
 
 
 def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,

@@ -141,10 +141,10 @@ def aliases(cfg) -> dict[str, int]:
     return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
 
-def newest_version(cfg) -> int | None:
-    """The highest registered version number (None before `rtrl init`)."""
+def known_versions(cfg) -> list[int]:
+    """Every version number of the registered model, ascending (empty before `rtrl init`)."""
     found = client(cfg).search_model_versions(f"name='{cfg.mlflow.model_name}'")
-    return max((int(v.version) for v in found), default=None)
+    return sorted(int(v.version) for v in found)
 
 
 def get_version(cfg, version: int):

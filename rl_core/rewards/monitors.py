@@ -106,18 +106,18 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
             skipped[version] = f"no rates for parent version {parent_version} (this window or earlier reports)"
             continue
         compared.append(version)
-        for name in RATES:
-            if reference.get(name) is None:  # an earlier report written before this rate existed
-                continue
-            rise = r[name] - reference[name]
-            if rise > bounds[name]:
-                reasons.append(f"version {version}: {name} {r[name]:.3f} vs parent {parent_version} "
-                               f"{reference[name]:.3f} ({source}): rise {rise:+.3f} > bound {bounds[name]}")
-                tripped += [version] if version not in tripped else []
+        found = [f"version {version}: {name} {r[name]:.3f} vs parent {parent_version} {reference[name]:.3f} "
+                 f"({source}): rise {r[name] - reference[name]:+.3f} > bound {bounds[name]}"
+                 for name in RATES
+                 # a rate missing from the reference: an earlier report written before that rate existed
+                 if reference.get(name) is not None and r[name] - reference[name] > bounds[name]]
+        reasons += found
+        tripped += [version] if found else []
     manifest = read_manifest(lake, run_id) or {}
-    report = {"run_id": run_id, "rates_from": rates_from or run_id, "parent_version": parent_version, "window_end": manifest.get("end", ""),
-              "rates": {str(v): r for v, r in rates.items()}, "reference": reference, "reference_source": source,
-              "compared": compared, "tripped": tripped, "skipped": {str(k): v for k, v in skipped.items()}, "bounds": bounds}
+    report = {"run_id": run_id, "rates_from": rates_from or run_id, "parent_version": parent_version,
+              "window_end": manifest.get("end", ""), "rates": {str(v): r for v, r in rates.items()},
+              "reference": reference, "reference_source": source, "compared": compared, "tripped": tripped,
+              "skipped": {str(k): v for k, v in skipped.items()}, "bounds": bounds}
     lake.write_json(f"{lake.run_dir(run_id)}/monitors.json", report)
     verdict = Verdict(name="monitors", passed=not reasons, reasons=reasons, details=report)
     write_verdict(lake, run_id, verdict)
@@ -129,10 +129,11 @@ def enforce_monitors(cfg: Config, run_id: str, parent_version: int, dry_run: boo
     challenger off traffic (not in a dry run). Returns the verdict, whose details say what was rolled back."""
     from rl_core.registry import promote, store
 
-    manifest = read_manifest(Lake(cfg.lake_root), run_id)
+    lake = Lake(cfg.lake_root)
+    manifest = read_manifest(lake, run_id)
     if manifest is None:
         raise FileNotFoundError(f"run {run_id!r} has no harvest.json: run harvest first")
-    newest = max(store.newest_version(cfg) or 1, manifest["policy_version"])
+    newest = max(store.known_versions(cfg), default=manifest["policy_version"])  # the policy is registered too
     served = score_served(cfg, run_id, datetime.fromisoformat(manifest["start"]),
                           datetime.fromisoformat(manifest["end"]), newest)
     verdict = run_monitors(cfg, run_id, parent_version, rates_from=served)
@@ -146,5 +147,5 @@ def enforce_monitors(cfg: Config, run_id: str, parent_version: int, dry_run: boo
         promote.drop_challenger(cfg, f"monitors tripped in {run_id}: {why}", expected=live)
         verdict.reasons.append(f"challenger version {live} rolled back (taken off traffic)")
         verdict.details["rolled_back"] = live
-    write_verdict(Lake(cfg.lake_root), run_id, verdict)
+    write_verdict(lake, run_id, verdict)
     return verdict

@@ -73,11 +73,11 @@ def score_all_traffic(cfg, report) -> str:
     harvest keeps only the policy's lag range), under run id `<run_id>-served`: what users got."""
     from datetime import datetime
 
-    from rl_core.registry.store import newest_version
+    from rl_core.registry.store import known_versions
     from rl_core.rewards.monitors import score_served
 
     # every registered version: a challenger rolled back during the cycle still served its users
-    newest = max([1, newest_version(cfg) or 1, report.version or 1, *(report.aliases or {}).values()])
+    newest = max(known_versions(cfg), default=1)
     return score_served(cfg, report.run_id, datetime.fromisoformat(report.start), datetime.fromisoformat(report.end),
                         newest)
 
