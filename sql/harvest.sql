@@ -1,6 +1,12 @@
 -- One cycle's episodes: interactions in [start, end) served by a version within max_staleness of the
 -- policy being updated, joined with every feedback event that arrived before end + grace.
--- Views `interactions` and `feedback` are the window's Parquet files (rl_core/harvest.py binds them).
+-- Views `interactions` and `feedback` are the window's Parquet files (rl_core/harvest.py binds them;
+-- `interactions` carries DuckDB's `filename` and `file_row_number`).
+-- Narrow on purpose: this returns each episode's place in the lake (file, row) and what the join adds
+-- (version lag, feedback, credit), in lake order. rl_core/harvest.py then streams the wide columns (token
+-- ids, logprobs, messages) file by file straight from Parquet beside it: sorting a million wide rows
+-- cost more than the whole rest of the harvest. Lake order is deterministic (sorted files, rows sorted by
+-- ts within each), so reruns still give byte-identical output.
 -- Interactions are NOT deduplicated here: a repeated event_id is a collector defect the gates must see.
 -- Feedback is deduplicated by its idempotency key (feedback_id) and must come from the interaction's org.
 -- granularity 'turn': each turn keeps its own feedback, credit_weight = 1.
@@ -81,10 +87,8 @@ sessions AS (
     WINDOW s AS (PARTITION BY org_id, session_id)
 )
 SELECT
-    event_id, org_id, user_id, session_id, turn_index, ts_request, model_version, arm,
+    filename, file_row_number,
     ($policy_version - model_version)::INTEGER AS version_lag,
-    messages, prompt_token_ids, completion_token_ids, completion_logprobs, completion_text,
-    tool_calls, finish_reason, latency_ms, temperature, top_p,
     t_n_feedback AS n_feedback, t_edit_applied AS edit_applied, t_edit_persisted AS edit_persisted,
     t_edit_persisted_hours AS edit_persisted_hours, t_edit_reverted AS edit_reverted,
     t_followup_text AS followup_text, t_tool_result_ok AS tool_result_ok,
@@ -94,13 +98,11 @@ FROM turns
 WHERE $granularity = 'turn'
 UNION ALL
 SELECT
-    event_id, org_id, user_id, session_id, turn_index, ts_request, model_version, arm,
+    filename, file_row_number,
     ($policy_version - model_version)::INTEGER AS version_lag,
-    messages, prompt_token_ids, completion_token_ids, completion_logprobs, completion_text,
-    tool_calls, finish_reason, latency_ms, temperature, top_p,
     s_n_feedback::INTEGER, s_edit_applied, s_edit_persisted, s_edit_persisted_hours, s_edit_reverted,
     s_followup_text, s_tool_result_ok::INTEGER, s_tool_result_fail::INTEGER, s_thumbs_up::INTEGER,
     s_thumbs_down::INTEGER, s_session_end,
     pow($discount, s_last_turn - turn_index)::DOUBLE AS credit_weight
 FROM sessions
-ORDER BY ts_request, event_id, turn_index
+ORDER BY filename, file_row_number
