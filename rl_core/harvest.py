@@ -18,6 +18,7 @@ import io
 import os
 import tempfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -224,32 +225,48 @@ def _bind_interactions(con, lake: Lake, paths: list[str]) -> None:
         con.register("interactions", empty.append_column("file_row_number", pa.array([], pa.int64())))
 
 
+def _read_lake_columns(lake: Lake, path: str, rows: pa.ChunkedArray) -> pa.Table:
+    """LAKE_COLUMNS of rows `rows` (sorted file_row_numbers) of one interaction file."""
+    with contextlib.ExitStack() as stack:
+        src = path if lake.is_local else stack.enter_context(lake.fs.open(path, "rb"))  # local: native reads
+        pf = pq.ParquetFile(src)
+        have = set(pf.schema_arrow.names)
+        table = pf.read(columns=[c for c in LAKE_COLUMNS if c in have])
+    if rows.length() != table.num_rows:
+        table = table.take(rows)
+    for c in LAKE_COLUMNS:  # files written before a column existed
+        if c not in have:
+            field = EPISODES_SCHEMA.field(c)
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table
+
+
 def _episode_batches(lake: Lake, joined: pa.Table, paths: dict[str, str]):
     """Episodes file by file, in lake order: the lake columns of the selected rows of each interaction
     file beside what sql/harvest.sql joined to them (its rows are ordered by filename, file_row_number).
-    Reads one file at a time, so a window never sits in memory whole."""
+    One file is read ahead in a thread while the previous one is written (Arrow releases the GIL for
+    both), and no more than two are in memory: a window never sits in memory whole."""
     if not joined.num_rows:
         return
     names = joined["filename"].combine_chunks()
     extra = joined.drop_columns(["filename", "file_row_number"])
     bounds = [0] + pc.run_end_encode(names).run_ends.to_pylist()  # one run per file
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        url = names[lo].as_py()
-        rows = joined["file_row_number"].slice(lo, hi - lo)
-        with lake.fs.open(paths[url], "rb") as f:
-            cols = pq.read_schema(f).names
-            f.seek(0)
-            table = pq.read_table(f, columns=[c for c in LAKE_COLUMNS if c in cols])
-        if rows.length() != table.num_rows:
-            table = table.take(rows)
-        for c in LAKE_COLUMNS:  # files written before a column existed
-            if c not in table.column_names:
-                field = EPISODES_SCHEMA.field(c)
-                table = table.append_column(field, pa.nulls(table.num_rows, field.type))
-        part = extra.slice(lo, hi - lo)
-        for c in part.column_names:
-            table = table.append_column(c, part[c])
-        yield from table.to_batches()
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def read(span: tuple[int, int]) -> pa.Table:
+        lo, hi = span
+        return _read_lake_columns(lake, paths[names[lo].as_py()], joined["file_row_number"].slice(lo, hi - lo))
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ahead = pool.submit(read, spans[0])
+        for i, (lo, hi) in enumerate(spans):
+            table = ahead.result()
+            if i + 1 < len(spans):
+                ahead = pool.submit(read, spans[i + 1])
+            part = extra.slice(lo, hi - lo)
+            for c in part.column_names:
+                table = table.append_column(c, part[c])
+            yield from table.to_batches()
 
 
 # --- the stage ----------------------------------------------------------------------------------------
