@@ -13,17 +13,16 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from rl_core.config import REPO_ROOT
+from rl_core.procs import free_port, start, stop, wait_http  # noqa: F401  (tests and DAG helpers use them here)
 
 # The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
 SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
@@ -93,57 +92,7 @@ def resolve_window(
 
 
 
-# --- processes: everything started here runs in its own session and is stopped by process group ------
-
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """argv in a new session (its own process group), output appended to log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=REPO_ROOT)
-
-
-def stop(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
-    """SIGTERM the whole process group, SIGKILL what is left after grace_s (no orphans holding ports)."""
-    if proc is None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            os.killpg(proc.pid, 0)  # the leader exited; are children of the group left?
-        except ProcessLookupError:
-            break
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log and log.exists() else ""
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status < 500:
-                    return
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
-
+# --- processes (rl_core/procs.py): everything started here runs in its own session ---------------------
 
 def bin_path(name: str) -> str:
     return str(Path(sys.executable).parent / name)
@@ -324,12 +273,15 @@ def wait_for_window(cfg) -> float:
 
 
 def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
-              policy_version: int | None = None) -> CycleReport:
+              policy_version: int | None = None, gateway_url: str | None = None) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
-    policy_version: the version the DAG updates (its `policy_version` param); None = the champion."""
+    policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
+    gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
+    of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL."""
     from rl_core.collect.compact import compact
     from rl_core.init import init
     from rl_core.lake import Lake
+    from rl_core.serving import gateway as gw
 
     log_dir = log_dir or cfg.home_path / "logs" / "cycle"
     secs: dict[str, float] = {}
@@ -341,14 +293,17 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     secs["init"] = round(time.time() - t, 1)
 
     t = time.time()
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    gw_log = log_dir / "gateway.log"
-    print(f"[cycle] starting gateway on {base_url} (log {gw_log})")
-    gateway = start([sys.executable, "-m", "rl_core.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], env, gw_log)
-    try:
-        wait_http(f"{base_url}/healthz", cfg.serving.vllm_startup_timeout_s + 120, gateway, gw_log)
+    proc = None
+    if gateway_url:
+        base_url = gateway_url
+        serving = gw.wait_in_sync(cfg, base_url, cfg.serving.vllm_startup_timeout_s + 120)
+        print(f"[cycle] gateway {base_url} serves {serving}")
+        secs["gateway_sync"] = round(time.time() - t, 1)
+    else:
+        print(f"[cycle] starting gateway (log {log_dir / 'gateway.log'})")
+        proc, base_url = gw.start_gateway(cfg, env, log_dir / "gateway.log")
         secs["gateway_start"] = round(time.time() - t, 1)
+    try:
         secs["wait_window"] = round(wait_for_window(cfg), 1)
         t = time.time()
         begin = datetime.now(UTC)
@@ -356,8 +311,10 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
         finish = datetime.now(UTC)
         secs["traffic"] = round(time.time() - t, 1)
     finally:
-        stop(gateway)
+        stop(proc)  # closing the gateway seals and compacts its WAL
     t = time.time()
+    if gateway_url:
+        gw.wait_wal_sealed(cfg.wal_dir, cfg.serving.segment_max_age_s + 30)
     c = compact(cfg.wal_dir, Lake(cfg.lake_root))
     print(f"[cycle] compacted {c.segments} WAL segments into {cfg.lake_root}")
     start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)

@@ -1,8 +1,8 @@
 """`rtrl experiment --cycles K`: the proof that the loop learns. K full cycles (simulated traffic through the
 gateway -> the Airflow DAG -> deploy -> the next cycle's A/B verdict), learning curves logged to MLflow.
 
-Each cycle is rl_core.cycle.run_cycle: the gateway serves champion + challenger (`auto`), the same seeded
-simulated users drive it, `airflow dags test` runs the whole DAG on exactly that window (its first task is
+Each cycle is rl_core.cycle.run_cycle: one long-lived gateway (started once, following the aliases like a
+production one) serves champion + challenger (`auto`), the same seeded simulated users drive it, `airflow dags test` runs the whole DAG on exactly that window (its first task is
 the A/B verdict on the previous cycle's challenger). Afterwards we read back, per cycle: mean reward, edit-
 persisted rate, eval pass rate, clarifying rate, broken tool-call rate, KL. The learning claim is paired:
 every cycle has the same users (same seed, same personas), so each user's mean reward in the first cycle
@@ -226,18 +226,31 @@ def train_base(cfg, train_from: str) -> int | None:
 
 def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
                    train_from: str = "champion") -> tuple[list[CycleMetrics], Paired | None, str]:
-    from rl_core.cycle import print_report, run_cycle
+    from rl_core.cycle import airflow_env, print_report, run_cycle
+    from rl_core.init import init
+    from rl_core.serving import gateway as gw
 
     if cycles < 1:
         raise ValueError(f"cycles must be >= 1, got {cycles}")
     t0 = time.time()
     curves: list[CycleMetrics] = []
-    for k in range(1, cycles + 1):
-        print(f"[experiment] cycle {k}/{cycles}", file=sys.stderr)
-        report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
-                           policy_version=train_base(cfg, train_from))
-        print_report(cfg, report)
-        curves.append(cycle_metrics(cfg, k, report))
+    init(cfg, check_generation=False)  # the gateway needs a champion to serve
+    # one gateway for every cycle, as in production: it follows the aliases (weights swapped in place) and its
+    # WAL seals 2 s after the traffic stops, so no cycle pays an engine start or a gateway shutdown
+    env = airflow_env(cfg) | {"RTRL_SERVING__SEGMENT_MAX_AGE_S": "2"}
+    proc, url = gw.start_gateway(cfg, env, out_dir / "gateway.log")
+    started_s = round(time.time() - t0, 1)
+    try:
+        for k in range(1, cycles + 1):
+            print(f"[experiment] cycle {k}/{cycles} (gateway {url})", file=sys.stderr)
+            report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
+                               policy_version=train_base(cfg, train_from), gateway_url=url)
+            if k == 1:  # the one start-up belongs to the first cycle's time
+                report.seconds = {"gateway_start": started_s, **(report.seconds or {})}
+            print_report(cfg, report)
+            curves.append(cycle_metrics(cfg, k, report))
+    finally:
+        gw.stop(proc)
     pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
     task_pair = paired(curves[0].user_task_reward, curves[-1].user_task_reward) if len(curves) > 1 else None
     png = plot(curves, out_dir / "learning_curves.png")
