@@ -122,13 +122,21 @@ def airflow_env(cfg, **extra: str) -> dict[str, str]:
     return env
 
 
+_PREPARED: set[tuple[str, str, int]] = set()
+
+
 def prepare_airflow(cfg, env: dict[str, str]) -> None:
-    """`airflow db migrate` and the training pool: idempotent, seconds on SQLite."""
+    """`airflow db migrate` and the training pool: idempotent, ~6 s on SQLite, so once per process and
+    metadata DB (an experiment's later cycles skip it)."""
+    key = (str(cfg.airflow_home), cfg.airflow.training_pool, cfg.airflow.training_pool_slots)
+    if key in _PREPARED and (cfg.airflow_home / "airflow.db").is_file():
+        return
     cfg.airflow_home.mkdir(parents=True, exist_ok=True)
     airflow = bin_path("airflow")
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, text=True)
     subprocess.run([airflow, "pools", "set", cfg.airflow.training_pool, str(cfg.airflow.training_pool_slots),
                     "GPU/CPU-heavy rtrl tasks: training and eval"], env=env, check=True, capture_output=True)
+    _PREPARED.add(key)
 
 
 def start_airflow(cfg, port: int, log: Path, **extra_env: str) -> tuple[subprocess.Popen, str]:
@@ -284,6 +292,7 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     from rl_core.serving import gateway as gw
 
     log_dir = log_dir or cfg.home_path / "logs" / "cycle"
+    log_dir.mkdir(parents=True, exist_ok=True)
     secs: dict[str, float] = {}
     t = time.time()
     ini = init(cfg, check_generation=False)

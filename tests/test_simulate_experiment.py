@@ -20,7 +20,7 @@ def test_paired_interval_is_a_paired_t_interval():
 
 
 @pytest.mark.slow
-@pytest.mark.very_slow  # two whole cycles (~15 min here): `make test-all`, not `make test`
+@pytest.mark.very_slow  # two whole cycles (3.4 min on the idle machine, more loaded): `make test-all`
 @pytest.mark.timeout(1800)  # two real cycles: ~7 min each on the loaded 2-core machine (fixed costs dominate)
 def test_experiment_two_cycles_logs_learning_curves(rtrl_home, tmp_path, monkeypatch):
     from rl_core.cli import main

@@ -84,7 +84,10 @@ def test_launcher_commands(cfg, tmp_path):
     cfg.train.launcher, cfg.train.num_procs = "torchrun", 2
     cmd, _ = build_command(cfg.train, spec, 29999)
     assert "--nproc_per_node=2" in cmd and cmd[cmd.index("-m", 2) + 1] == "rl_core.train.trainer"
-    cfg.train.launcher, cfg.train.hostfile = "deepspeed", "/etc/rtrl/hostfile"
+    cfg.train.launcher, cfg.train.num_procs = "deepspeed", 1  # one local process: no launcher process
+    cmd, env = build_command(cfg.train, spec, 29999)
+    assert cmd[1:] == ["-m", "rl_core.train.trainer", "--spec", str(spec)] and env["WORLD_SIZE"] == "1"
+    cfg.train.num_procs, cfg.train.hostfile = 2, "/etc/rtrl/hostfile"
     cmd, _ = build_command(cfg.train, spec, 29999)
     assert cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
     assert "--hostfile=/etc/rtrl/hostfile" in cmd and "--num_gpus=2" in cmd and "--module" in cmd

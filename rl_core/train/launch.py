@@ -5,7 +5,8 @@ torch: the workers run in their own processes through the configured launcher, s
 small and a crashed or killed update cannot take the scheduler's worker down with it.
   deepspeed  python -m deepspeed.launcher.runner (num_procs per node, or a hostfile for GPU nodes)
   torchrun   python -m torch.distributed.run --nproc_per_node num_procs
-  inline     one child process with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR/PORT (fastest start)
+  inline     one child process with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR/PORT (fastest start; also
+             what `deepspeed` with num_procs = 1 and no hostfile runs)
 It writes runs/<run_id>/train/summary.json and the verdict "train" (loss finite, KL <= gates.kl_max, at
 least one optimizer step), raises TrainFailed when the workers fail and GateFailed when the verdict does.
 Rerunning a finished run with the same inputs returns its summary without training again; rerunning a
@@ -89,7 +90,8 @@ def build_command(tc, spec_path: Path, port: int) -> tuple[list[str], dict[str, 
     """The launcher command line and the extra environment for the workers."""
     py, mod = sys.executable, "rl_core.train.trainer"
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    if tc.launcher == "inline":
+    if tc.launcher == "inline" or (tc.launcher == "deepspeed" and tc.num_procs == 1 and not tc.hostfile):
+        # one process on this node: the deepspeed launcher would only add a second Python + torch start (~4 s)
         return [py, "-m", mod, "--spec", str(spec_path)], env | {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
                                                                   "LOCAL_WORLD_SIZE": "1"}
     if tc.launcher == "torchrun":
@@ -105,7 +107,7 @@ def build_command(tc, spec_path: Path, port: int) -> tuple[list[str], dict[str, 
 
 def _worker_env(cfg: Config, extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ) | extra
-    procs = 1 if cfg.train.launcher == "inline" else cfg.train.num_procs
+    procs = cfg.train.num_procs if cfg.train.launcher != "inline" else 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rtrl" / "torch_extensions"))
     clear_stale_build_locks(Path(env["TORCH_EXTENSIONS_DIR"]))
