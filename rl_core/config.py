@@ -91,6 +91,8 @@ class ServingConfig(Section):
     # swap a retired engine's weights in place (reload_weights + CPU repack, ~1 s) instead of starting a new
     # engine beside the old one (~45 s on 2 CPUs); off: always a fresh engine (twice the memory for a while).
     vllm_hot_reload: bool = True
+    # reloadable engines kept warm when no alias needs them (after a rollback or promotion), for the next deploy
+    spare_engines: int = Field(1, ge=0)
 
 
 class HarvestConfig(Section):

@@ -123,6 +123,38 @@ def test_inplace_reload_drains_inflight_then_swaps(two_checkpoints):
     r.close()
 
 
+def test_rolled_back_engine_stays_warm_for_the_next_deploy(two_checkpoints):
+    """challenger 2 rolled back: its engine is kept as a spare (not routable), and the next deploy reloads it
+    in place instead of starting an engine; with spares=0 it is closed."""
+    for spares in (1, 0):
+        made: list[object] = []
+        aliases = {"champion": 1, "challenger": 2}
+        r = make_router(two_checkpoints, aliases, reload=True)
+        r.spares = spares
+        factory = r.factory
+        r.factory = lambda ckpt, v, made=made, factory=factory: made.append(v) or factory(ckpt, v)
+        r.start(background=False)
+        assert sorted(made) == [1, 2]
+        engine2 = r.route("challenger", "u")
+        engine2.release()
+        del aliases["challenger"]  # rollback
+        assert r.sync() and r.versions() == {"champion": 1}
+        with pytest.raises(UnknownModel):
+            r.route("rtrl-policy/2", "u")  # a spare serves nobody
+        aliases["challenger"] = 1  # the next deploy (any version: here the champion's weights)
+        assert r.sync() and r.versions() == {"champion": 1, "challenger": 1}
+        assert sorted(made) == [1, 2], "no new engine either way: the spare was reloaded, or v1's slot reused"
+        if spares:
+            aliases["challenger"] = 2
+            assert r.sync()
+            lease = r.route("challenger", "u")
+            lease.release()
+            assert lease.backend is engine2.backend and lease.version == 2 and sorted(made) == [1, 2]
+        else:
+            assert engine2.slot.retired
+        r.close()
+
+
 def test_no_request_fails_while_aliases_move_under_load(two_checkpoints, cfg):
     """Real HTTP load through the gateway while the poller swaps champion 1 -> 2 -> 1 -> 2."""
     from rl_core.collect.collector import Collector

@@ -6,7 +6,9 @@ poller sees an alias move, the new version is loaded in the background while tra
 old one; then the map is swapped. A request holds a lease on its slot for its whole life (streaming
 too), so in-flight requests finish on the weights they started with: a retired slot is closed only
 when its last lease ends. Engines that can swap weights in place (vLLM's reload_weights) reuse a slot
-no alias needs any more: new leases wait while the in-flight ones drain, then the reload runs.
+no alias needs any more: new leases wait while the in-flight ones drain, then the reload runs. Such an
+engine is kept as a spare (up to `spares`) when an alias goes away (a rollback, a promotion), so the next
+deploy swaps weights into it in ~0.1 s instead of starting an engine (~45 s on 2 CPUs).
 `auto` sends a stable share of users to the challenger: sha256(user_id) mapped to [0, 1) < share.
 """
 
@@ -112,7 +114,8 @@ AliasSource = Callable[[], dict[str, int]]
 
 class Router:
     def __init__(self, factory: BackendFactory, checkpoint_for: CheckpointFor, alias_source: AliasSource,
-                 challenger_share: float, model_name: str = "rtrl-policy", poll_s: float = 10.0, adapters=None):
+                 challenger_share: float, model_name: str = "rtrl-policy", poll_s: float = 10.0, adapters=None,
+                 spares: int = 1):
         self.factory = factory
         self.checkpoint_for = checkpoint_for
         self.alias_source = alias_source
@@ -122,6 +125,8 @@ class Router:
         self.adapters = adapters  # rl_core.orgs.serving.AdapterPool or None: per-org adapters, synced with the aliases
         self._aliases: dict[str, Slot] = {}
         self._slots: dict[int, Slot] = {}
+        self.spares = spares
+        self._spare: list[Slot] = []  # reloadable engines no alias needs, kept warm for the next deploy
         self._sync_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -149,9 +154,9 @@ class Router:
         if self._thread is not None:
             self._thread.join(timeout=60)
         with self._sync_lock:
-            for slot in self._slots.values():
+            for slot in [*self._slots.values(), *self._spare]:
                 slot.retire()
-            self._slots, self._aliases = {}, {}
+            self._slots, self._aliases, self._spare = {}, {}, []
 
     # --- alias following --------------------------------------------------------------------------
     def sync(self) -> bool:
@@ -177,21 +182,27 @@ class Router:
         needed = set(wanted.values())
         slots = dict(self._slots)
         spare = [s for v, s in slots.items() if v not in needed and getattr(s.backend, "supports_reload", False)]
+        spare += self._spare  # idle ones last: pop() takes them first
         for version in sorted(needed - set(slots)):
             ckpt = self.checkpoint_for(version)
             if spare:  # reuse an engine no alias needs: reload its weights in place
                 slot = spare.pop()
-                del slots[slot.version]
+                if slots.get(slot.version) is slot:
+                    del slots[slot.version]
                 slot.reload(version, str(ckpt))
             else:  # load beside the old one; traffic continues on the old slot meanwhile
                 slot = Slot(version, self.factory(ckpt, version), str(ckpt))
             slots[version] = slot
         new_aliases = {a: slots[v] for a, v in wanted.items()}
-        retired = [s for v, s in slots.items() if v not in needed]
+        used = {id(s) for s in slots.values()}
+        idle = [s for v, s in slots.items() if v not in needed] + [s for s in self._spare if id(s) not in used]
+        keep = [s for s in idle if getattr(s.backend, "supports_reload", False)][: self.spares]
         self._slots = {v: s for v, s in slots.items() if v in needed}
         self._aliases = new_aliases  # the atomic switch
-        for s in retired:
-            s.retire()
+        self._spare = keep  # no longer routable (not in _slots); reloaded before it serves again
+        for s in idle:
+            if all(s is not k for k in keep):
+                s.retire()
         self.swaps += 1
         log.info("serving %s", {a: s.version for a, s in new_aliases.items()})
         return True

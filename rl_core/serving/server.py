@@ -60,6 +60,7 @@ def build_gateway(cfg, backend: str | None = None, poll: bool = True, background
         model_name=cfg.mlflow.model_name,
         poll_s=cfg.serving.alias_poll_s,
         adapters=adapters,
+        spares=cfg.serving.spare_engines,
     )
     collector = Collector.from_config(cfg, background=background_compaction)
     try:
