@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.config import REPO_ROOT
-from rl_core.procs import free_port, start, stop, wait_http  # noqa: F401  (tests and DAG helpers use them here)
+from rl_core.procs import start, stop, wait_http
 
 # The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
 SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)

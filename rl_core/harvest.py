@@ -125,12 +125,18 @@ def file_urls(lake: Lake, paths: list[str]) -> list[str]:
     return list(paths) if lake.is_local else [lake.fs.unstrip_protocol(p) for p in paths]
 
 
-def bind_files(con, lake: Lake, view: str, paths: list[str], schema: pa.Schema) -> None:
-    """Create view `view` over Parquet files (or an empty table of `schema` when there are none)."""
+def bind_files(con, lake: Lake, view: str, paths: list[str], schema: pa.Schema, located: bool = False) -> None:
+    """Create view `view` over Parquet files (or an empty table of `schema` when there are none).
+    located: each row also carries its place in the lake (DuckDB's `filename` and `file_row_number`)."""
     if paths:
-        con.read_parquet(file_urls(lake, paths), union_by_name=True).create_view(view, replace=True)
-    else:
-        con.register(view, schema.empty_table())
+        con.read_parquet(file_urls(lake, paths), union_by_name=True, filename=located,
+                         file_row_number=located).create_view(view, replace=True)
+        return
+    empty = schema.empty_table()
+    if located:
+        empty = empty.append_column("filename", pa.array([], pa.string()))
+        empty = empty.append_column("file_row_number", pa.array([], pa.int64()))
+    con.register(view, empty)
 
 
 def utc(ts: datetime, field: str) -> datetime:
@@ -209,20 +215,7 @@ def excluded_table(cfg: Config, lake: Lake) -> pa.Table:
 
 
 # Columns an episode takes from its interaction as they are in the lake (sql/harvest.sql adds the rest).
-LAKE_COLUMNS = ["event_id", "org_id", "user_id", "session_id", "turn_index", "ts_request", "model_version", "arm",
-                "messages", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_text",
-                "tool_calls", "finish_reason", "latency_ms", "temperature", "top_p"]
-
-
-def _bind_interactions(con, lake: Lake, paths: list[str]) -> None:
-    """View `interactions` with each row's place in the lake (filename, file_row_number)."""
-    if paths:
-        con.read_parquet(file_urls(lake, paths), union_by_name=True, filename=True,
-                         file_row_number=True).create_view("interactions", replace=True)
-    else:
-        empty = INTERACTIONS_SCHEMA.empty_table()
-        empty = empty.append_column("filename", pa.array([], pa.string()))
-        con.register("interactions", empty.append_column("file_row_number", pa.array([], pa.int64())))
+LAKE_COLUMNS = [n for n in EPISODES_SCHEMA.names if n in INTERACTIONS_SCHEMA.names]
 
 
 def _read_lake_columns(lake: Lake, path: str, rows: pa.ChunkedArray) -> pa.Table:
@@ -291,7 +284,7 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
 
     con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
-        _bind_interactions(con, lake, ifiles)
+        bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA, located=True)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
         excluded = excluded_table(cfg, lake)
         con.register("excluded", excluded)

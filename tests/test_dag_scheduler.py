@@ -45,8 +45,9 @@ def failed_tasks(api, run_ids: list[str]) -> dict[str, str]:
 def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
     import httpx
 
-    from rl_core.cycle import SCHEDULE_ANCHOR, free_port, start_airflow, stop
+    from rl_core.cycle import SCHEDULE_ANCHOR, start_airflow
     from rl_core.lake import Lake
+    from rl_core.procs import free_port, stop
 
     cfg = registered
     assert (BACKFILL_FROM - SCHEDULE_ANCHOR) % timedelta(hours=5) == timedelta(0)

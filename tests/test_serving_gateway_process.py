@@ -18,6 +18,7 @@ def test_long_lived_gateway_follows_aliases_and_seals_its_wal(registered, tmp_pa
     from rl_core.collect.wal import open_segments
     from rl_core.cycle import airflow_env
     from rl_core.lake import Lake
+    from rl_core.procs import stop
     from rl_core.registry import store
     from rl_core.serving import gateway as gw
 
@@ -46,7 +47,7 @@ def test_long_lived_gateway_follows_aliases_and_seals_its_wal(registered, tmp_pa
         ids = {e for f in files for e in pq.read_table(f)["event_id"].to_pylist()}
         assert event_id in ids, "compacted while the gateway runs"
     finally:
-        gw.stop(proc)
+        stop(proc)
 
 
 def test_wait_in_sync_names_both_sides_when_it_gives_up(registered):

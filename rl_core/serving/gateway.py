@@ -19,9 +19,8 @@ import urllib.request
 from pathlib import Path
 
 from rl_core.collect.wal import open_segments, try_seal_orphan
-from rl_core.procs import free_port, start, stop, wait_http  # noqa: F401  (stop: for the callers' finally)
-
-ALIASES = ("champion", "challenger")
+from rl_core.procs import free_port, start, stop, wait_http
+from rl_core.serving.router import ALIASES
 
 
 def start_gateway(cfg, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:

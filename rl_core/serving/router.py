@@ -79,6 +79,11 @@ class Slot:
         if close_now:
             self._close()
 
+    @property
+    def reloadable(self) -> bool:
+        """Its engine can swap weights in place (Slot.reload)."""
+        return bool(getattr(self.backend, "supports_reload", False))
+
     def reload(self, version: int, checkpoint: str) -> None:
         """In-place weight swap: hold new leases, drain in-flight ones, reload, resume."""
         with self._cond:
@@ -181,7 +186,7 @@ class Router:
             return False
         needed = set(wanted.values())
         slots = dict(self._slots)
-        spare = [s for v, s in slots.items() if v not in needed and getattr(s.backend, "supports_reload", False)]
+        spare = [s for v, s in slots.items() if v not in needed and s.reloadable]
         spare += self._spare  # idle ones last: pop() takes them first
         for version in sorted(needed - set(slots)):
             ckpt = self.checkpoint_for(version)
@@ -196,7 +201,7 @@ class Router:
         new_aliases = {a: slots[v] for a, v in wanted.items()}
         used = {id(s) for s in slots.values()}
         idle = [s for v, s in slots.items() if v not in needed] + [s for s in self._spare if id(s) not in used]
-        keep = [s for s in idle if getattr(s.backend, "supports_reload", False)][: self.spares]
+        keep = [s for s in idle if s.reloadable][: self.spares]
         self._slots = {v: s for v, s in slots.items() if v in needed}
         self._aliases = new_aliases  # the atomic switch
         self._spare = keep  # no longer routable (not in _slots); reloaded before it serves again

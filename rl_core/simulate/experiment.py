@@ -228,6 +228,7 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
                    train_from: str = "champion") -> tuple[list[CycleMetrics], Paired | None, str]:
     from rl_core.cycle import airflow_env, print_report, run_cycle
     from rl_core.init import init
+    from rl_core.procs import stop
     from rl_core.serving import gateway as gw
 
     if cycles < 1:
@@ -250,7 +251,7 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
             print_report(cfg, report)
             curves.append(cycle_metrics(cfg, k, report))
     finally:
-        gw.stop(proc)
+        stop(proc)
     pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
     task_pair = paired(curves[0].user_task_reward, curves[-1].user_task_reward) if len(curves) > 1 else None
     png = plot(curves, out_dir / "learning_curves.png")

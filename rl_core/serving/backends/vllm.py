@@ -9,7 +9,7 @@ the sampled token ids (return_token_ids) and their logprobs; the server runs wit
 New weights: with serving.vllm_hot_reload (default), the router reuses an engine no alias needs: it drains
 in-flight requests, then calls our worker extension's rtrl_reload_weights over /collective_rpc
 (VLLM_SERVER_DEV_MODE=1; vllm_worker.py: vLLM's reload_weights plus a repack of the CPU GEMM copies that
-reload_weights leaves stale) and resets the prefix cache: ~1 s instead of a ~45 s engine start, and the
+reload_weights leaves stale) and resets the prefix cache: 0.1 s (tiny model) instead of a ~45 s engine start, and the
 logprobs match a fresh forward of the new weights (tests/test_serving_vllm.py). Off: the router starts a
 fresh engine beside the old one and swaps when it is healthy (twice the memory for a while).
 """
