@@ -55,3 +55,22 @@ def test_wait_in_sync_names_both_sides_when_it_gives_up(registered):
 
     with pytest.raises(TimeoutError, match="unreachable.*the registry says"):
         gw.wait_in_sync(registered, "http://127.0.0.1:9", 1)  # nothing listens on port 9 (discard)
+
+
+def test_wait_wal_sealed_refuses_a_live_open_segment_and_seals_an_orphan(tmp_path):
+    from rl_core.collect.wal import OPEN_SUFFIX, WriteAheadLog, open_segments, sealed_segments
+    from rl_core.serving import gateway as gw
+
+    wal = WriteAheadLog(tmp_path / "live", segment_max_age_s=3600)  # a writer that will not roll by itself
+    try:
+        wal.append("interactions", {"event_id": "e1"})
+        with pytest.raises(TimeoutError, match="still open"):
+            gw.wait_wal_sealed(tmp_path / "live", 0.5)
+        assert open_segments(tmp_path / "live"), "waiting never seals a segment its writer still holds"
+    finally:
+        wal.close()
+    orphan_dir = tmp_path / "orphan"
+    orphan_dir.mkdir()
+    (orphan_dir / f"seg-20261203T000000000000-1-deadbeef{OPEN_SUFFIX}").write_text("")  # a crashed writer's
+    gw.wait_wal_sealed(orphan_dir, 5)
+    assert not open_segments(orphan_dir) and len(sealed_segments(orphan_dir)) == 1
