@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from rl_core import warm
 from rl_core.config import REPO_ROOT
 from rl_core.procs import start, stop, wait_http
 
@@ -281,11 +282,13 @@ def wait_for_window(cfg) -> float:
 
 
 def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
-              policy_version: int | None = None, gateway_url: str | None = None) -> CycleReport:
+              policy_version: int | None = None, gateway_url: str | None = None,
+              warm_socket: str | None = None) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
     policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
     gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
-    of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL."""
+    of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL.
+    warm_socket: a warm server (rl_core/warm.py) that forks `airflow dags test` and the trainer."""
     from rl_core.collect.compact import compact
     from rl_core.init import init
     from rl_core.lake import Lake
@@ -333,9 +336,14 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
                       | ({"policy_version": int(policy_version)} if policy_version else {}))
     dag_log = log_dir / "dags-test.log"
     print(f"[cycle] airflow dags test {cfg.airflow.dag_id} -c '{conf}' (log {dag_log})")
+    argv = ["dags", "test", cfg.airflow.dag_id, "-c", conf]
     with open(dag_log, "ab") as out:
-        rc = subprocess.run([bin_path("airflow"), "dags", "test", cfg.airflow.dag_id, "-c", conf], env=env,
-                            stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT).returncode
+        if warm_socket:  # the DAG (and the trainer it launches) forked from a warm server: no import costs
+            rc = warm.popen([sys.executable, "-m", "airflow", *argv], env | {warm.SOCKET_ENV: warm_socket},
+                            REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).wait()
+        else:
+            rc = subprocess.run([bin_path("airflow"), *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=REPO_ROOT).returncode
     secs["dag"] = round(time.time() - t, 1)
     report = summarize(cfg, w, rc)
     report.interactions, report.seconds = n, secs

@@ -87,9 +87,11 @@ class DeepSpeedLaunchOperator(BaseOperator):
         """Run argv in a new session; every output line goes to the task log. Returns the exit code."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in self.env.items()}}
         self.log.info("launching: %s", " ".join(argv))
-        self._proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, text=True, bufsize=1, start_new_session=True,
+        from rl_core import warm  # a warm fork when the environment names a warm server (rtrl experiment)
+
+        self._proc = warm.popen(
+            argv, env, os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, bufsize=1,
         )
         timed_out = threading.Event()
 

@@ -225,7 +225,8 @@ def train_base(cfg, train_from: str) -> int | None:
 
 
 def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
-                   train_from: str = "champion") -> tuple[list[CycleMetrics], Paired | None, str]:
+                   train_from: str = "champion", warm_start: bool = True) -> tuple[list[CycleMetrics], Paired | None, str]:
+    from rl_core import warm
     from rl_core.cycle import airflow_env, print_report, run_cycle
     from rl_core.init import init
     from rl_core.procs import stop
@@ -239,19 +240,32 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
     # one gateway for every cycle, as in production: it follows the aliases (weights swapped in place) and its
     # WAL seals 2 s after the traffic stops, so no cycle pays an engine start or a gateway shutdown
     env = airflow_env(cfg) | {"RTRL_SERVING__SEGMENT_MAX_AGE_S": "2"}
-    proc, url = gw.start_gateway(cfg, env, out_dir / "gateway.log")
+    # and one warm server (rl_core/warm.py): every cycle's `airflow dags test` and trainer are forked from a
+    # process that has already imported torch, DeepSpeed, transformers, GX and Airflow
+    wproc, sock = warm.start_server(airflow_env(cfg), out_dir / "warm.log") if warm_start else (None, None)
+    proc = None
+    try:
+        proc, url = gw.start_gateway(cfg, env, out_dir / "gateway.log")
+        if wproc:
+            warm.wait_ready(wproc, sock, out_dir / "warm.log")
+    except BaseException:
+        stop(proc)
+        warm.stop_server(wproc, sock)
+        raise
     started_s = round(time.time() - t0, 1)
     try:
         for k in range(1, cycles + 1):
             print(f"[experiment] cycle {k}/{cycles} (gateway {url})", file=sys.stderr)
             report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
-                               policy_version=train_base(cfg, train_from), gateway_url=url)
+                               policy_version=train_base(cfg, train_from), gateway_url=url,
+                               warm_socket=str(sock) if sock else None)
             if k == 1:  # the one start-up belongs to the first cycle's time
                 report.seconds = {"gateway_start": started_s, **(report.seconds or {})}
             print_report(cfg, report)
             curves.append(cycle_metrics(cfg, k, report))
     finally:
         stop(proc)
+        warm.stop_server(wproc, sock)
     pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
     task_pair = paired(curves[0].user_task_reward, curves[-1].user_task_reward) if len(curves) > 1 else None
     png = plot(curves, out_dir / "learning_curves.png")
@@ -276,6 +290,9 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
                    help="what each cycle updates: the champion (production; updates compound only through A/B "
                         "promotions) or the latest deployed challenger (updates compound every cycle)")
     p.add_argument("--out", default=None, help="folder for results.md, curves.json, learning_curves.png")
+    p.add_argument("--cold", action="store_true",
+                   help="start `airflow dags test` and the trainer as fresh processes each cycle instead of forking "
+                        "them from a warm server that has the heavy modules imported (rl_core/warm.py)")
     p.set_defaults(run=_run)
 
 
@@ -295,7 +312,8 @@ def _run(args) -> int:
         cfg = load_config()
         out = Path(args.out) if args.out else cfg.home_path / "experiments" / time.strftime("%Y%m%dT%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
-        curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out, args.train_from)
+        curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out, args.train_from,
+                                           warm_start=not args.cold)
     finally:  # leave the caller's environment as it was (tests call this in-process)
         for k, v in saved.items():
             if v is None:

@@ -7,6 +7,8 @@ small and a crashed or killed update cannot take the scheduler's worker down wit
   torchrun   python -m torch.distributed.run --nproc_per_node num_procs
   inline     one child process with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR/PORT (fastest start; also
              what `deepspeed` with num_procs = 1 and no hostfile runs)
+A one-process launch is forked from a warm server when RTRL_WARM_SOCKET names one (`rtrl experiment` starts
+it, rl_core/warm.py): the same command, without ~7 s of torch/DeepSpeed/transformers imports.
 It writes runs/<run_id>/train/summary.json and the verdict "train" (loss finite, KL <= gates.kl_max, at
 least one optimizer step), raises TrainFailed when the workers fail and GateFailed when the verdict does.
 Rerunning a finished run with the same inputs returns its summary without training again; rerunning a
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, field_validator
 
+from rl_core import warm
 from rl_core.config import REPO_ROOT, Config
 from rl_core.lake import Lake, lake_from_config
 from rl_core.reports import GateFailed, Verdict, write_verdict
@@ -172,8 +175,8 @@ def _run_workers(cmd: list[str], env: dict, log_path: Path, timeout_s: float) ->
             pass
 
     with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True)
+        proc = warm.popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")  # a warm fork when env names a warm server (rl_core/warm.py)
         timer = threading.Timer(timeout_s, kill)
         timer.start()
         try:

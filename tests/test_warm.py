@@ -1,0 +1,116 @@
+"""The warm server (rl_core/warm.py): jobs forked from a process with the heavy modules already imported
+behave like `python -m` subprocesses (exit code, output, environment, working directory, kill), refuse an
+environment the preload has already read, and carry a real training run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rl_core import warm
+
+PROBE = textwrap.dedent("""
+    import os, sys
+    print("preloaded" if "json" in sys.modules else "cold", os.environ.get("PROBE"), os.getcwd(), sys.argv[1:])
+    print("to stderr", file=sys.stderr)
+    if sys.argv[1] == "sleep":
+        import time
+        time.sleep(120)
+    if sys.argv[1] == "boom":
+        raise ValueError("boom")
+    sys.exit(int(sys.argv[1]))
+""")
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "warmprobe.py").write_text(PROBE)
+    env = dict(os.environ) | {"PYTHONPATH": str(tmp_path / "mods")}
+    env.pop(warm.SOCKET_ENV, None)
+    log = tmp_path / "warm.log"
+    proc, sock = warm.start_server(env, log, preload=["json"])
+    warm.wait_ready(proc, sock, log, timeout_s=60)
+    yield env | {warm.SOCKET_ENV: str(sock)}, log
+    warm.stop_server(proc, sock)
+    assert not sock.parent.exists()
+
+
+def _run(env, *args, cwd="/"):
+    p = warm.popen([sys.executable, "-m", "warmprobe", *args], env, cwd, stdout=subprocess.PIPE,
+                   stderr=subprocess.STDOUT, text=True)
+    return p, p.stdout.read(), p.wait(timeout=30)
+
+
+def test_a_job_behaves_like_python_dash_m(server, tmp_path):
+    env, log = server
+    p, out, rc = _run(env | {"PROBE": "hello"}, "3", cwd=str(tmp_path))
+    assert isinstance(p, warm.WarmPopen) and rc == 3
+    assert f"hello {tmp_path} ['3']" in out and "to stderr" in out
+    assert out.startswith("preloaded")  # forked after the preload: the module is already there
+    assert "python -m warmprobe 3" in log.read_text()
+    p, out, rc = _run(env, "boom")
+    assert rc == 1 and "ValueError: boom" in out
+
+
+def test_a_job_is_killed_by_its_process_group_and_the_server_lives_on(server):
+    env, _ = server
+    p = warm.popen([sys.executable, "-m", "warmprobe", "sleep"], env, "/", stdout=subprocess.PIPE,
+                   stderr=subprocess.STDOUT, text=True)
+    assert p.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=0.5)
+    os.killpg(p.pid, signal.SIGKILL)
+    assert p.wait(timeout=10) == -signal.SIGKILL
+    assert _run(env, "0")[2] == 0
+
+
+def test_an_environment_the_preload_already_read_falls_back_to_a_fresh_process(server, capsys):
+    env, _ = server
+    p, out, rc = _run(env | {"AIRFLOW_HOME": "/elsewhere"}, "0")
+    assert isinstance(p, subprocess.Popen) and rc == 0 and out.startswith("cold")
+    assert "AIRFLOW_HOME" in capsys.readouterr().err
+    p, out, rc = _run(env | {warm.SOCKET_ENV: "/nonexistent/sock"}, "5")
+    assert isinstance(p, subprocess.Popen) and rc == 5
+
+
+def test_a_server_that_cannot_preload_says_why(tmp_path):
+    log = tmp_path / "warm.log"
+    proc, sock = warm.start_server(dict(os.environ), log, preload=["no_such_module_xyz"])
+    try:
+        with pytest.raises(RuntimeError, match="no_such_module_xyz"):
+            warm.wait_ready(proc, sock, log, timeout_s=60)
+    finally:
+        warm.stop_server(proc, sock)
+
+
+@pytest.mark.slow
+def test_a_training_run_forked_from_the_warm_server(registered, monkeypatch, tmp_path):
+    """The launcher's one-process trainer runs as a warm job: same summary and verdict, no import cost."""
+    from rl_core.lake import lake_from_config
+    from rl_core.registry import store
+    from rl_core.train import synthetic
+    from rl_core.train.launch import train
+
+    cfg = registered
+    log = tmp_path / "warm.log"
+    proc, sock = warm.start_server(dict(os.environ), log,
+                                   preload=["torch", "deepspeed", "transformers", "rl_core.train.trainer"])
+    try:
+        warm.wait_ready(proc, sock, log, timeout_s=120)
+        monkeypatch.setenv(warm.SOCKET_ENV, str(sock))
+        synthetic.make_run(lake_from_config(cfg), "cycle-warm", store.checkpoint_path(cfg, 1), n_prompts=2,
+                           per_prompt=2)
+        t = time.time()
+        s = train(cfg, "cycle-warm", 1)
+        assert s.status == "ok" and s.steps >= 1 and s.kl_max is not None
+        assert "python -m rl_core.train.trainer --spec" in log.read_text()
+        print(f"warm training run: {time.time() - t:.1f}s")
+    finally:
+        warm.stop_server(proc, sock)
