@@ -90,27 +90,59 @@ def test_a_server_that_cannot_preload_says_why(tmp_path):
         warm.stop_server(proc, sock)
 
 
+def test_the_airflow_cli_runs_as_a_warm_job(tmp_path):
+    """`python -m airflow ...` (what rtrl experiment runs for `airflow dags test`) works from a server that
+    imported Airflow under the same AIRFLOW_HOME."""
+    env = dict(os.environ) | {"AIRFLOW_HOME": str(tmp_path / "airflow"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    env.pop(warm.SOCKET_ENV, None)
+    log = tmp_path / "warm.log"
+    proc, sock = warm.start_server(env, log, preload=["airflow", "airflow.cli.cli_parser"])
+    try:
+        warm.wait_ready(proc, sock, log, timeout_s=120)
+        p = warm.popen([sys.executable, "-m", "airflow", "version"], env | {warm.SOCKET_ENV: str(sock)}, str(tmp_path),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, rc = p.stdout.read(), p.wait(timeout=120)
+    finally:
+        warm.stop_server(proc, sock)
+    import airflow
+
+    assert isinstance(p, warm.WarmPopen) and rc == 0, out
+    assert airflow.__version__ in out
+
+
 @pytest.mark.slow
-def test_a_training_run_forked_from_the_warm_server(registered, monkeypatch, tmp_path):
-    """The launcher's one-process trainer runs as a warm job: same summary and verdict, no import cost."""
+def test_a_training_run_forked_from_the_warm_server_matches_a_fresh_process(registered, monkeypatch, tmp_path):
+    """The launcher's one-process trainer runs as a warm job and computes exactly what a fresh process does
+    (same seeded data, same loss and KL at every step): the preload leaves no state behind that matters."""
+    import json
+
     from rl_core.lake import lake_from_config
     from rl_core.registry import store
     from rl_core.train import synthetic
     from rl_core.train.launch import train
 
     cfg = registered
+    lake = lake_from_config(cfg)
+    for run_id in ("cycle-cold", "cycle-warm"):
+        synthetic.make_run(lake, run_id, store.checkpoint_path(cfg, 1), n_prompts=2, per_prompt=2)
+    monkeypatch.delenv(warm.SOCKET_ENV, raising=False)
+    cold = train(cfg, "cycle-cold", 1)
     log = tmp_path / "warm.log"
     proc, sock = warm.start_server(dict(os.environ), log,
                                    preload=["torch", "deepspeed", "transformers", "rl_core.train.trainer"])
     try:
         warm.wait_ready(proc, sock, log, timeout_s=120)
         monkeypatch.setenv(warm.SOCKET_ENV, str(sock))
-        synthetic.make_run(lake_from_config(cfg), "cycle-warm", store.checkpoint_path(cfg, 1), n_prompts=2,
-                           per_prompt=2)
         t = time.time()
         s = train(cfg, "cycle-warm", 1)
-        assert s.status == "ok" and s.steps >= 1 and s.kl_max is not None
-        assert "python -m rl_core.train.trainer --spec" in log.read_text()
         print(f"warm training run: {time.time() - t:.1f}s")
     finally:
         warm.stop_server(proc, sock)
+    assert "python -m rl_core.train.trainer --spec" in log.read_text()
+    assert s.status == cold.status == "ok" and s.steps == cold.steps >= 1
+
+    def history(run_id):
+        h = json.loads((cfg.models_dir / "runs" / run_id / "result.json").read_text())["history"]
+        return [(r["loss"], r["kl"], r["is_weight_max"]) for r in h]
+
+    assert history("cycle-warm") == history("cycle-cold")
