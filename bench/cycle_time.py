@@ -30,15 +30,16 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def airflow_tasks(cfg) -> list[tuple[str, float]]:
-    """(task_id, seconds) of the latest run of the DAG, in start order (from Airflow's SQLite metadata DB)."""
+def airflow_tasks(cfg, back: int = 0) -> list[tuple[str, float]]:
+    """(task_id, seconds) of the latest run of the DAG (back=1: the one before, ...), in start order (from
+    Airflow's SQLite metadata DB)."""
     db = cfg.airflow_home / "airflow.db"
     if not db.is_file():
         return []
     con = sqlite3.connect(db)
     try:
-        run = con.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1",
-                          (cfg.airflow.dag_id,)).fetchone()
+        run = con.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1 OFFSET ?",
+                          (cfg.airflow.dag_id, back)).fetchone()
         if not run:
             return []
         rows = con.execute("SELECT task_id, start_date, end_date FROM task_instance WHERE dag_id=? AND run_id=? "
@@ -99,6 +100,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--interactions", type=int, default=None)
     ap.add_argument("--experiment", default=None, help="an experiment's --out folder: break down its last cycle")
+    ap.add_argument("--cycle", type=int, default=None,
+                    help="with --experiment: which cycle (1-based; default the last; e.g. when the last one stopped "
+                         "at a gate and ran no training)")
     args = ap.parse_args()
     if args.experiment and not os.environ.get("RTRL_HOME"):
         sys.exit("--experiment needs the RTRL_HOME the experiment ran with")
@@ -111,12 +115,16 @@ def main() -> int:
     cfg = load_config()
     lake = Lake(cfg.lake_root)
     if args.experiment:
-        last = json.loads((Path(args.experiment) / "curves.json").read_text())[-1]
+        curves = json.loads((Path(args.experiment) / "curves.json").read_text())
+        k = args.cycle or len(curves)
+        if not 1 <= k <= len(curves):
+            sys.exit(f"--cycle must be in 1..{len(curves)}, got {k}")
+        last, back = curves[k - 1], len(curves) - k  # one DAG run per cycle, in order
         h = lake.read_json(f"{lake.run_dir(last['run_id'])}/harvest.json")
         report = SimpleNamespace(run_id=last["run_id"], start=h["start"], end=h["end"], seconds=last["seconds"],
                                  dag_rc=last["dag_rc"], interactions=last["interactions"])
     else:
-        report = run_cycle(cfg, interactions=args.interactions)
+        report, back = run_cycle(cfg, interactions=args.interactions), 0
     start, end = datetime.fromisoformat(report.start), datetime.fromisoformat(report.end)
     secs = dict(report.seconds or {})
     # not part of the cycle: idle until the previous cycle's window (minute-rounded) has ended, which only
@@ -124,7 +132,7 @@ def main() -> int:
     idle = secs.pop("wait_window", 0.0)
     total = sum(secs.values())
     rows = [(f"cycle: {k}", v) for k, v in secs.items()]
-    rows += [(f"  airflow task {t}", s) for t, s in airflow_tasks(cfg)]
+    rows += [(f"  airflow task {t}", s) for t, s in airflow_tasks(cfg, back)]
     gen = serving_generation_s(lake, start, end)
     ev = eval_generation_s(cfg, lake, report.run_id)
     tr = training_compute_s(cfg, lake, report.run_id)

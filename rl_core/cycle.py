@@ -313,7 +313,9 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
         secs["gateway_sync"] = round(time.time() - t, 1)
     else:
         print(f"[cycle] starting gateway (log {log_dir / 'gateway.log'})")
-        proc, base_url = gw.start_gateway(cfg, env, log_dir / "gateway.log")
+        # a gateway for one cycle only: a spare engine started beside it would only compete with the traffic
+        proc, base_url = gw.start_gateway(cfg, env | {"RTRL_SERVING__PREWARM_SPARE": "false"},
+                                          log_dir / "gateway.log")
         secs["gateway_start"] = round(time.time() - t, 1)
     try:
         secs["wait_window"] = round(wait_for_window(cfg), 1)

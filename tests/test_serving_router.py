@@ -216,3 +216,26 @@ def test_no_request_fails_while_aliases_move_under_load(two_checkpoints, cfg):
     for p in Lake(cfg.lake_root).list_files("raw/interactions"):
         logged.update(dict(zip(*pq.read_table(p, columns=["event_id", "model_version"]).to_pydict().values(), strict=True)))
     assert all(logged[e] == int(v) for _, v, e in results), "each logged row names the version that answered"
+
+
+def test_a_prewarmed_spare_makes_the_first_deploy_a_weight_swap(two_checkpoints):
+    """prewarm: the gateway starts a spare engine beside the champion, so the first challenger deploy reloads it
+    instead of starting an engine; engines that cannot reload get no spare."""
+    for reload in (True, False):
+        made: list[int] = []
+        aliases = {"champion": 1}
+        r = make_router(two_checkpoints, aliases, reload=reload)
+        r.prewarm = True
+        factory = r.factory
+        r.factory = lambda ckpt, v, made=made, factory=factory: made.append(v) or factory(ckpt, v)
+        r.start(background=False)
+        assert made == ([1, 1] if reload else [1])
+        with pytest.raises(UnknownModel):
+            r.route("rtrl-policy/2", "u")
+        aliases["challenger"] = 2  # the first deploy
+        assert r.sync() and r.versions() == {"champion": 1, "challenger": 2}
+        lease = r.route("challenger", "u")
+        lease.release()
+        assert lease.version == 2
+        assert made == ([1, 1] if reload else [1, 2]), "with a spare, no engine starts at the deploy"
+        r.close()

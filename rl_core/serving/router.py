@@ -8,7 +8,8 @@ too), so in-flight requests finish on the weights they started with: a retired s
 when its last lease ends. Engines that can swap weights in place (vLLM's reload_weights) reuse a slot
 no alias needs any more: new leases wait while the in-flight ones drain, then the reload runs. Such an
 engine is kept as a spare (up to `spares`) when an alias goes away (a rollback, a promotion), so the next
-deploy swaps weights into it in ~0.1 s instead of starting an engine (~45 s on 2 CPUs).
+deploy swaps weights into it in ~0.1 s instead of starting an engine (~45 s on 2 CPUs). With `prewarm`, a
+gateway starts its spare in the background right after the champion, so even the first deploy is a swap.
 `auto` sends a stable share of users to the challenger: sha256(user_id) mapped to [0, 1) < share.
 """
 
@@ -120,7 +121,7 @@ AliasSource = Callable[[], dict[str, int]]
 class Router:
     def __init__(self, factory: BackendFactory, checkpoint_for: CheckpointFor, alias_source: AliasSource,
                  challenger_share: float, model_name: str = "rtrl-policy", poll_s: float = 10.0, adapters=None,
-                 spares: int = 1):
+                 spares: int = 1, prewarm: bool = False):
         self.factory = factory
         self.checkpoint_for = checkpoint_for
         self.alias_source = alias_source
@@ -131,6 +132,7 @@ class Router:
         self._aliases: dict[str, Slot] = {}
         self._slots: dict[int, Slot] = {}
         self.spares = spares
+        self.prewarm = prewarm
         self._spare: list[Slot] = []  # reloadable engines no alias needs, kept warm for the next deploy
         self._sync_lock = threading.Lock()
         self._stop = threading.Event()
@@ -147,6 +149,37 @@ class Router:
         if background:
             self._thread = threading.Thread(target=self._poll, name="alias-poller", daemon=True)
             self._thread.start()
+            if self.prewarm:
+                threading.Thread(target=self.start_spares, name="spare-prewarm", daemon=True).start()
+        elif self.prewarm:
+            self.start_spares()
+
+    def start_spares(self) -> int:
+        """Start engines up to `spares` (champion weights, serving nobody) so that the next deploy swaps weights
+        into one instead of starting an engine. Only engines that can reload in place; returns how many."""
+        with self._sync_lock:
+            champion = self._aliases.get("champion")
+            if champion is None or not champion.reloadable:
+                return 0
+            need, version, ckpt = self.spares - len(self._spare), champion.version, champion.checkpoint
+        started = 0
+        for _ in range(max(need, 0)):
+            if self._stop.is_set():
+                break
+            try:
+                slot = Slot(version, self.factory(Path(ckpt), version), ckpt)  # ~45 s: outside the lock
+            except Exception:  # noqa: BLE001 - a spare is an optimisation: a deploy will start an engine instead
+                log.exception("starting a spare engine failed")
+                break
+            with self._sync_lock:
+                keep = len(self._spare) < self.spares and not self._stop.is_set()
+                if keep:
+                    self._spare.append(slot)
+                    started += 1
+            if not keep:
+                slot.retire()
+        log.info("started %d spare engine(s)", started)
+        return started
 
     def _poll(self) -> None:
         while not self._stop.wait(self.poll_s):

@@ -61,6 +61,7 @@ def build_gateway(cfg, backend: str | None = None, poll: bool = True, background
         poll_s=cfg.serving.alias_poll_s,
         adapters=adapters,
         spares=cfg.serving.spare_engines,
+        prewarm=cfg.serving.prewarm_spare,
     )
     collector = Collector.from_config(cfg, background=background_compaction)
     try:

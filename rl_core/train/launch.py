@@ -112,7 +112,13 @@ def _worker_env(cfg: Config, extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ) | extra
     procs = cfg.train.num_procs if cfg.train.launcher != "inline" else 1
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rtrl" / "torch_extensions"))
+    # DeepSpeed JIT-builds its CPU comm op with the `ninja` on PATH. Two ninjas (the system's 1.11 and the
+    # venv's 1.13) each discard the other's build log, so alternating between them rebuilt the op (40-70 s)
+    # on every switch: always use this environment's, in a build folder of its own (cflags name the venv).
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([venv_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)])
+    tag = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rtrl" / "torch_extensions" / tag))
     clear_stale_build_locks(Path(env["TORCH_EXTENSIONS_DIR"]))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
