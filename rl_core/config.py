@@ -93,8 +93,8 @@ class ServingConfig(Section):
     vllm_hot_reload: bool = True
     # reloadable engines kept warm when no alias needs them (after a rollback or promotion), for the next deploy
     spare_engines: int = Field(1, ge=0)
-    # start those spares when the gateway starts (in the background, champion weights), so that the first
-    # challenger deploy is a weight swap too; costs one idle engine's memory
+    # start those spares when the gateway starts (champion weights, before it takes traffic), so that the first
+    # challenger deploy is a weight swap too; costs one engine start at gateway start and one idle engine's memory
     prewarm_spare: bool = True
 
 

@@ -9,7 +9,7 @@ when its last lease ends. Engines that can swap weights in place (vLLM's reload_
 no alias needs any more: new leases wait while the in-flight ones drain, then the reload runs. Such an
 engine is kept as a spare (up to `spares`) when an alias goes away (a rollback, a promotion), so the next
 deploy swaps weights into it in ~0.1 s instead of starting an engine (~45 s on 2 CPUs). With `prewarm`, a
-gateway starts its spare in the background right after the champion, so even the first deploy is a swap.
+gateway starts its spare right after the champion, before it takes traffic, so even the first deploy is a swap.
 `auto` sends a stable share of users to the challenger: sha256(user_id) mapped to [0, 1) < share.
 """
 
@@ -142,17 +142,16 @@ class Router:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self, background: bool = True) -> None:
-        """Load what the aliases point at (blocking), then poll for moves in a thread."""
+        """Load what the aliases point at (blocking), then the spares if `prewarm`, then poll for moves in a thread.
+        Spares start before traffic: on 2 CPUs a vLLM engine starting beside a busy one starved and timed out."""
         self.sync()
+        if self.prewarm:
+            self.start_spares()
         if self.adapters is not None:
             self.adapters.sync()
         if background:
             self._thread = threading.Thread(target=self._poll, name="alias-poller", daemon=True)
             self._thread.start()
-            if self.prewarm:
-                threading.Thread(target=self.start_spares, name="spare-prewarm", daemon=True).start()
-        elif self.prewarm:
-            self.start_spares()
 
     def start_spares(self) -> int:
         """Start engines up to `spares` (champion weights, serving nobody) so that the next deploy swaps weights
