@@ -24,7 +24,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,6 +35,7 @@ from pydantic import BaseModel, field_validator
 from rl_core import warm
 from rl_core.config import REPO_ROOT, Config
 from rl_core.lake import Lake, lake_from_config
+from rl_core.procs import free_port
 from rl_core.reports import GateFailed, Verdict, write_verdict
 from rl_core.train.trainer import TrainSpec
 
@@ -81,12 +81,6 @@ class TrainSummary(BaseModel):
     @classmethod
     def _finite_or_none(cls, v):
         return v if v is None or math.isfinite(float(v)) else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_command(tc, spec_path: Path, port: int) -> tuple[list[str], dict[str, str]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -29,16 +28,11 @@ from pathlib import Path
 
 import httpx
 
+from rl_core.procs import free_port
 from rl_core.serving.backends.base import Generation, Sampling, StepOut, collect_stream
 
 log = logging.getLogger("rtrl.serving.vllm")
 SERVED_NAME = "policy"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VLLMBackend:
