@@ -5,7 +5,7 @@
 
 Each (model, engine) runs in its own process (one rank, RANK=0 WORLD_SIZE=1), so peak memory is
 per configuration: max RSS on CPU, max allocated on GPU. Both engines run rl_core.train.step
-.compute_loss (policy forward, frozen reference forward, k3 KL, PPO/IS loss) on the same random-init
+.compute_loss (policy forward, frozen reference forward, exact KL over the vocabulary, PPO/IS loss) on the same random-init
 model (weights do not change the cost) and the same batches, then AdamW with grad clipping; DeepSpeed
 uses the trainer's own ds_config (ZeRO stage --zero, bf16 on GPU, fp32 on CPU), the torch loop
 torch.optim.AdamW (autocast bf16 on GPU). tokens/s counts prompt + completion tokens.

@@ -11,12 +11,13 @@ import math
 import pytest
 import torch
 
-from rl_core.train.loss import LossConfig, policy_loss, token_logprobs
+from rl_core.train.loss import LossConfig, kl_to_reference, log_probs, policy_loss, token_logprobs
 
 
-def reference_loss(logits, targets, beh, adv, mask, lc: LossConfig, ref=None):
+def reference_loss(logits, targets, beh, adv, mask, lc: LossConfig, ref_logits=None):
     """Plain float64 loops: the objective as written in the module docstring."""
     logp_all = torch.log_softmax(logits.double(), -1)
+    ref_all = None if ref_logits is None else torch.log_softmax(ref_logits.double(), -1)
     B, C = targets.shape
     pg = kl = ent = 0.0
     n = 0
@@ -27,7 +28,7 @@ def reference_loss(logits, targets, beh, adv, mask, lc: LossConfig, ref=None):
             n += 1
             lp = logp_all[b, c, targets[b, c]]
             mu = float(beh[b, c])
-            prox = mu if ref is None else float(ref[b, c])
+            prox = mu if ref_all is None else float(ref_all[b, c, targets[b, c]])
             w = min(math.exp(prox - mu), lc.is_cap)
             r = torch.exp(lp - prox)
             a = float(adv[b])
@@ -37,10 +38,10 @@ def reference_loss(logits, targets, beh, adv, mask, lc: LossConfig, ref=None):
             if a < 0:
                 obj = torch.maximum(obj, torch.tensor(lc.is_cap * a, dtype=torch.float64))
             pg = pg - w * obj
-            if ref is not None:
-                d = prox - lp
-                kl = kl + torch.exp(d) - d - 1
             p = logp_all[b, c].exp()
+            if ref_all is not None:
+                for v in range(logp_all.shape[-1]):  # KL(new || ref), every vocabulary entry
+                    kl = kl + p[v] * (logp_all[b, c, v] - ref_all[b, c, v])
             ent = ent - (p * logp_all[b, c]).sum()
     n = max(n, 1)
     return pg / n + lc.kl_coef * kl / n - lc.entropy_coef * ent / n
@@ -52,7 +53,7 @@ def _inputs(seed: int, B=3, C=5, V=11, spread=0.3):
     targets = torch.randint(0, V, (B, C), generator=g)
     logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     beh = logp + spread * torch.randn(B, C, generator=g, dtype=torch.float64)  # a slightly stale behaviour policy
-    ref = logp + spread * torch.randn(B, C, generator=g, dtype=torch.float64)
+    ref = logits + spread * torch.randn(B, C, V, generator=g, dtype=torch.float64)  # the parent's logits
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     mask = (torch.rand(B, C, generator=g) > 0.3).double()
     mask[0, -1] = 1.0
@@ -60,10 +61,15 @@ def _inputs(seed: int, B=3, C=5, V=11, spread=0.3):
 
 
 def _ours(logits, targets, beh, adv, mask, lc, ref=None):
+    """Our loss and its gradient with respect to the logits; ref: the parent's logits [B,C,V] or None."""
     x = logits.float().clone().requires_grad_(True)
     logp, entropy = token_logprobs(x, targets)
-    out = policy_loss(logp, beh.float(), adv.float(), mask.float(), lc,
-                      ref_logp=None if ref is None else ref.float(), entropy=entropy)
+    ref_logp = kl = None
+    if ref is not None:
+        ref_all = log_probs(ref.float())
+        ref_logp = ref_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        kl = kl_to_reference(log_probs(x), ref_all)
+    out = policy_loss(logp, beh.float(), adv.float(), mask.float(), lc, ref_logp=ref_logp, entropy=entropy, kl=kl)
     out.loss.backward()
     return out, x.grad
 
@@ -111,8 +117,8 @@ def test_ratio_far_above_cap_cannot_dominate():
         assert out.metrics["is_weight_max"].item() > 1e4  # reported, not hidden
 
         # with the parent as proximal policy (ratio 1 to it), the stale token weighs is_cap, not e^10
-        out, grad = _ours(logits, targets, beh, adv, mask, lc, ref=logp)
-        free, free_grad = _ours(logits, targets, logp, adv, mask, lc, ref=logp)  # the same token, on-policy
+        out, grad = _ours(logits, targets, beh, adv, mask, lc, ref=logits)
+        free, free_grad = _ours(logits, targets, logp, adv, mask, lc, ref=logits)  # the same token, on-policy
         torch.testing.assert_close(grad, lc.is_cap * free_grad)
         assert out.metrics["is_trunc_frac"].item() == 1.0
 
@@ -126,19 +132,38 @@ def test_zero_advantage_gives_no_policy_gradient():
     assert out.loss.item() > 0 and grad.abs().max() > 0
 
 
-def test_kl_is_zero_at_the_reference_and_positive_away_from_it():
-    logits, targets, beh, _, adv, mask = _inputs(4)
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    out, _ = _ours(logits, targets, beh, adv, mask, LossConfig(kl_coef=1.0), ref=logp)
+def test_kl_is_zero_at_the_reference_and_exact_away_from_it():
+    logits, targets, beh, ref, adv, mask = _inputs(4)
+    out, _ = _ours(logits, targets, beh, adv, mask, LossConfig(kl_coef=1.0), ref=logits)
     assert out.metrics["kl"].item() == pytest.approx(0.0, abs=1e-6)
-    out, _ = _ours(logits, targets, beh, adv, mask, LossConfig(kl_coef=1.0), ref=logp + 0.5)
-    assert out.metrics["kl"].item() == pytest.approx(math.exp(0.5) - 0.5 - 1, rel=1e-4)
+    out, _ = _ours(logits, targets, beh, adv, mask, LossConfig(kl_coef=1.0), ref=ref)
+    new, old = torch.log_softmax(logits, -1), torch.log_softmax(ref, -1)
+    per_pos = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=new),
+                                                torch.distributions.Categorical(logits=old))  # [B,C]
+    want = (per_pos * mask).sum() / mask.sum()
+    assert out.metrics["kl"].item() == pytest.approx(want.item(), rel=1e-4) and want > 0
+
+
+def test_kl_of_a_token_pushed_down_is_its_true_size_not_the_sampled_estimate():
+    """The parent sampled a token it likes (p 0.77); the update pushed it to p 0.0026. Sampled from the
+    parent, the k3 estimate of that token is exp(5.7) - 5.7 - 1 = 290 (one such token in 268 made a SmolLM2
+    step read KL 1.1 and the gate refuse the update). The exact KL at that position is what moved: < 2 nats."""
+    ref_p = torch.tensor([[[0.77, 0.20, 0.03]]], dtype=torch.float64)
+    new_p = torch.tensor([[[0.0026, 0.9674, 0.03]]], dtype=torch.float64)
+    targets = torch.tensor([[0]])
+    logits, ref = new_p.log(), ref_p.log()
+    beh = ref.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # the behaviour policy is the parent
+    out, _ = _ours(logits, targets, beh, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1),
+                   LossConfig(kl_coef=0.1), ref=ref)
+    exact = float((new_p * (new_p.log() - ref_p.log())).sum())
+    r = math.log(0.77 / 0.0026)
+    assert out.metrics["kl"].item() == pytest.approx(exact, rel=1e-4)
+    assert exact < 2.0 < 200 < math.exp(r) - r - 1  # what the sampled k3 said
 
 
 def test_clip_fraction_counts_tokens_outside_the_trust_region():
     logits, targets, beh, _, adv, _ = _inputs(5, B=2, C=2)
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    ref = logp.clone()
-    ref[0, 0] += 1.0  # ratio e^-1: outside 1 +- 0.2
-    out, _ = _ours(logits, targets, beh, adv, torch.ones_like(logp), LossConfig(clip_eps=0.2), ref=ref)
+    ref = logits.clone()
+    ref[0, 0, targets[0, 0]] += 3.0  # the parent liked this token much more: ratio < 0.8, outside 1 +- 0.2
+    out, _ = _ours(logits, targets, beh, adv, torch.ones(2, 2), LossConfig(clip_eps=0.2), ref=ref)
     assert out.metrics["clip_frac"].item() == pytest.approx(0.25)

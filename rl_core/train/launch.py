@@ -52,7 +52,7 @@ class TrainSummary(BaseModel):
     steps: int = 0
     # metrics are None when unknown or not finite (JSON has no NaN); the verdict treats None as failing
     loss: float | None = None  # mean over steps
-    kl: float | None = None  # mean over steps (k3, to the parent)
+    kl: float | None = None  # mean over steps (exact over the vocabulary, to the parent)
     kl_max: float | None = None  # largest per-step KL: what the verdict checks
     clip_frac: float | None = None
     is_weight_mean: float | None = None

@@ -12,8 +12,14 @@ so the trust region is around the parent (PPO clipping, eps) while stale or engi
 an importance weight that can never exceed `is_cap` (truncated IS, Ionides 2008; "decoupled PPO",
 Hilton et al. 2021). Without proximal logprobs (no reference) the proximal policy is mu itself. For
 negative advantages a dual clip at `is_cap` bounds the weight too, so no single token can dominate.
-KL to the reference uses the k3 estimator (Schulman 2020): exp(r) - r - 1 with r = logp_ref - logp_new,
-unbiased and >= 0. Every mean is over completion tokens only (mask); an all-masked batch gives 0.
+KL to the reference is exact at every completion position: sum over the vocabulary of
+pi_new * (log pi_new - log pi_ref), KL(pi_new || pi_ref), averaged over the positions. Why not the sampled k3
+estimator exp(r) - r - 1, r = logp_ref - logp_new: k3 is unbiased only for tokens sampled from pi_new, and
+ours were sampled from the behaviour policy, which is the parent itself at the start of an update. There a
+token the update pushed down (p_ref 0.77 -> p_new 0.0026) counts exp(5.7) = 290 instead of about 1, and one
+such token in 268 made a step read KL 1.1 and the gate refuse an update whose exact KL was small
+(SmolLM2, run E of docs/results.md, replayed). Every mean is over completion tokens only (mask); an
+all-masked batch gives 0.
 
 Shapes: B sequences, C completion positions (right-aligned, masked where a sequence is shorter), V vocab.
 """
@@ -30,7 +36,7 @@ from torch import Tensor
 class LossConfig:
     clip_eps: float = 0.2  # PPO clip range around the proximal policy
     is_cap: float = 2.0  # truncation of the importance weight pi_prox / mu (and dual clip for A < 0)
-    kl_coef: float = 0.0  # weight of the k3 KL to the reference
+    kl_coef: float = 0.0  # weight of the KL to the reference (exact over the vocabulary)
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
 
     @classmethod
@@ -56,12 +62,25 @@ def token_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool = True) -
     logits [B,C,V] predict targets [B,C]; computed in float32 whatever the model dtype (bf16 logprobs
     are off by ~0.4 nats, enough to fake a ratio far from 1).
     """
-    logp_all = torch.log_softmax(logits.float(), dim=-1)  # [B,C,V]
+    logp_all = log_probs(logits)  # [B,C,V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B,C]
     if not with_entropy:
         return logp, None
     entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B,C]
     return logp, entropy
+
+
+def log_probs(logits: Tensor) -> Tensor:
+    """The full log-distribution [B,C,V] of logits [B,C,V], in float32 whatever the model dtype."""
+    return torch.log_softmax(logits.float(), dim=-1)  # [B,C,V]
+
+
+def kl_to_reference(logp_all: Tensor, ref_logp_all: Tensor) -> Tensor:
+    """Exact KL(pi_new || pi_ref) at each position [B,C], from both full log-distributions [B,C,V].
+
+    Differentiable in logp_all (the penalty's gradient); ref_logp_all carries no gradient.
+    """
+    return (logp_all.exp() * (logp_all - ref_logp_all.detach())).sum(-1)  # [B,C] >= 0
 
 
 def policy_loss(
@@ -72,12 +91,16 @@ def policy_loss(
     lc: LossConfig,
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
+    kl: Tensor | None = None,
 ) -> LossOutput:
     """The loss of one micro batch.
 
     logp [B,C] (with grad), behaviour_logp [B,C] (logged at serving), advantages [B] or [B,C],
-    mask [B,C] (1 on completion tokens), ref_logp [B,C] (parent/reference, no grad), entropy [B,C].
+    mask [B,C] (1 on completion tokens), ref_logp [B,C] (parent/reference, no grad), entropy [B,C],
+    kl [B,C] (kl_to_reference, with grad): required with ref_logp, the KL metric and penalty.
     """
+    if ref_logp is not None and kl is None:
+        raise ValueError("policy_loss: ref_logp needs kl (kl_to_reference of the full distributions)")
     m = mask.to(logp.dtype)  # [B,C]
     adv = advantages.to(logp.dtype)  # [B] or [B,C]
     adv = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [B,1] or [B,C]
@@ -98,9 +121,7 @@ def policy_loss(
 
     metrics: dict[str, Tensor] = {"pg_loss": pg_loss.detach()}
     if ref_logp is not None:
-        log_r = prox - new  # [B,C] logp_ref - logp_new
-        kl = torch.exp(log_r) - log_r - 1.0  # [B,C] k3 estimator, >= 0
-        kl_mean = masked_mean(kl, m)  # []
+        kl_mean = masked_mean(torch.where(on, kl, zero), m)  # [] exact KL per position, averaged
         if lc.kl_coef > 0:
             loss = loss + lc.kl_coef * kl_mean  # []
         metrics["kl"] = kl_mean.detach()

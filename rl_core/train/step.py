@@ -17,11 +17,19 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from rl_core.train.loss import LossConfig, LossOutput, policy_loss, token_logprobs
+from rl_core.train.loss import LossConfig, LossOutput, kl_to_reference, log_probs, policy_loss
 
 
 def completion_logprobs(model, t: dict, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """Logprobs [B,C] of the completion tokens (and entropy [B,C]) under model, for to_tensors() inputs."""
+    logp_all = completion_distribution(model, t)  # [B,C,V]
+    logp = logp_all.gather(-1, t["targets"].unsqueeze(-1)).squeeze(-1)  # [B,C]
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # [B,C]
+    return logp, entropy
+
+
+def completion_distribution(model, t: dict) -> Tensor:
+    """The full log-distribution [B,C,V] at each completion position under model, at each row's temperature."""
     comp_len = t["comp_len"]
     out = model(
         input_ids=t["input_ids"],  # [B,L]
@@ -33,25 +41,29 @@ def completion_logprobs(model, t: dict, with_entropy: bool) -> tuple[Tensor, Ten
     logits = out.logits[:, :-1]  # [B,C,V] position j predicts token j+1
     if "temperature" in t:  # the distribution the behaviour logprobs were sampled under
         logits = logits / t["temperature"].to(logits.dtype)[:, None, None]  # [B,C,V]
-    return token_logprobs(logits, t["targets"], with_entropy=with_entropy)
+    return log_probs(logits)  # [B,C,V] float32
 
 
 def reference_fn(ref_model=None, peft_model=None) -> Callable[[dict], Tensor]:
-    """Logprobs under the parent: a frozen model, or the LoRA policy with adapters disabled."""
+    """The parent's full log-distribution [B,C,V]: a frozen model, or the LoRA policy with adapters disabled."""
 
     def run(t: dict) -> Tensor:
         ctx = peft_model.disable_adapter() if peft_model is not None else nullcontext()
         with torch.no_grad(), ctx:
-            logp, _ = completion_logprobs(ref_model if ref_model is not None else peft_model, t, with_entropy=False)
-        return logp  # [B,C]
+            return completion_distribution(ref_model if ref_model is not None else peft_model, t)  # [B,C,V]
 
     return run
 
 
 def compute_loss(model, t: dict, lc: LossConfig, ref: Callable[[dict], Tensor] | None) -> LossOutput:
-    """Reference logprobs (no grad), then the policy forward and the loss of one micro batch."""
-    ref_logp = ref(t) if ref is not None else None  # [B,C]
-    logp, entropy = completion_logprobs(model, t, with_entropy=True)  # [B,C], [B,C]
+    """Reference distribution (no grad), then the policy forward and the loss of one micro batch."""
+    targets = t["targets"].unsqueeze(-1)  # [B,C,1]
+    ref_all = ref(t) if ref is not None else None  # [B,C,V]
+    ref_logp = ref_all.gather(-1, targets).squeeze(-1) if ref_all is not None else None  # [B,C]
+    logp_all = completion_distribution(model, t)  # [B,C,V]
+    logp = logp_all.gather(-1, targets).squeeze(-1)  # [B,C]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B,C]
+    kl = kl_to_reference(logp_all, ref_all) if ref_all is not None else None  # [B,C]
     return policy_loss(
-        logp, t["behaviour_logprobs"], t["advantages"], t["loss_mask"], lc, ref_logp=ref_logp, entropy=entropy
+        logp, t["behaviour_logprobs"], t["advantages"], t["loss_mask"], lc, ref_logp=ref_logp, entropy=entropy, kl=kl
     )
