@@ -19,6 +19,7 @@ job whose Airflow config (AIRFLOW_HOME, AIRFLOW__*), DS_ACCELERATOR or HF_* envi
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import json
 import os
@@ -32,6 +33,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 SOCKET_ENV = "RTRL_WARM_SOCKET"
@@ -293,6 +296,68 @@ def popen(cmd: list[str], env: dict[str, str], cwd: str | Path, stdout=None, std
             print(f"[warm] {e}; starting a fresh process", file=sys.stderr)
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=stdout, stderr=stderr, start_new_session=True,
                             **popen_kw)
+
+
+@dataclass
+class Streamed:
+    rc: int  # the job's exit code; 124 when the deadline stopped it
+    tail: list[str]  # its last output lines, without newlines
+    timed_out: bool
+
+
+def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: Callable[[str], None],
+                 timeout_s: float, *, grace_s: float = 0.0, tail_lines: int = 40,
+                 on_start: Callable[[subprocess.Popen | WarmPopen], None] | None = None) -> Streamed:
+    """Run cmd as a job (warm when env names a server), hand each output line to on_line as it arrives, and
+    stop its whole process group: at the deadline (SIGTERM, SIGKILL grace_s later; at once with 0), when
+    the caller is interrupted, and after it exits (no orphan ranks). Both trainer launchers use it: `rtrl
+    train`'s and the DAG's DeepSpeedLaunchOperator. Only this thread waits on the job: a WarmPopen reads
+    its exit code from a socket, which two waiting threads would split between them."""
+    proc = popen(cmd, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                 text=True, errors="replace", bufsize=1)
+    if on_start is not None:
+        on_start(proc)
+    timed_out = threading.Event()
+    timers: list[threading.Timer] = []
+
+    def group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def later(delay: float, fn: Callable[[], None]) -> None:
+        t = threading.Timer(delay, fn)
+        t.daemon = True
+        timers.append(t)
+        t.start()
+
+    def deadline() -> None:  # a silent hang must end too: the deadline does not wait for output
+        timed_out.set()
+        if grace_s > 0:
+            group(signal.SIGTERM)
+            later(grace_s, lambda: group(signal.SIGKILL))
+        else:
+            group(signal.SIGKILL)
+
+    later(timeout_s, deadline)
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            on_line(line)
+        rc = proc.wait()
+    except BaseException:  # our caller is going away (SIGTERM, Ctrl-C): take the job with us
+        group(signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        for t in list(timers):
+            t.cancel()
+        group(signal.SIGKILL)  # what the job left behind
+        proc.stdout.close()
+    return Streamed(124 if timed_out.is_set() else rc, list(tail), timed_out.is_set())
 
 
 def start_server(env: dict[str, str], log: Path, preload: list[str] | None = None) -> tuple[subprocess.Popen, Path]:

@@ -27,6 +27,18 @@ def _data(cfg, start: datetime, end: datetime, seed: int) -> None:
              arms=(ArmSpec(name="champion", model_version=1, share=1.0),), grace_hours=cfg.harvest.grace_hours)
 
 
+def stalled(api, runs: list[dict], log) -> str:
+    """Why nothing moved (the assertion message at the deadline): every run with its task states, including
+    the scheduled run that unpausing creates (with max_active_runs=1 it holds the only slot while it runs),
+    and the tail of the standalone log (a dead scheduler or executor shows there)."""
+    lines = []
+    for r in runs:
+        tis = api.get(f"/dags/realtime_rl/dagRuns/{r['dag_run_id']}/taskInstances").json().get("task_instances", [])
+        states = ", ".join(f"{ti['task_id']}={ti['state']}" for ti in tis)
+        lines.append(f"{r['dag_run_id']} ({r['run_type']}) {r['state']}: {states}")
+    return "\n".join(lines) + "\n--- standalone log ---\n" + log.read_text(errors="replace")[-4000:]
+
+
 def failed_tasks(api, run_ids: list[str]) -> dict[str, str]:
     """task -> the tail of its log, for every failed task of the given runs (the assertion message)."""
     out = {}
@@ -91,7 +103,7 @@ def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
             assert not failed, (ours, failed_tasks(api, failed))
             if len(ours) == 3 and set(ours.values()) == {"success"}:
                 break
-            assert time.time() < deadline, ours
+            assert time.time() < deadline, stalled(api, runs, log)
             time.sleep(5)
         intervals = sorted(r["data_interval_start"] for r in runs if r["run_type"] == "backfill")
         assert [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in intervals] == [BACKFILL_FROM, BACKFILL_TO]

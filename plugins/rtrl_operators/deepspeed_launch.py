@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -89,33 +88,15 @@ class DeepSpeedLaunchOperator(BaseOperator):
         self.log.info("launching: %s", " ".join(argv))
         from rl_core import warm  # a warm fork when the environment names a warm server (rtrl experiment)
 
-        self._proc = warm.popen(
-            argv, env, os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, bufsize=1,
-        )
-        timed_out = threading.Event()
+        def on_start(proc) -> None:
+            self._proc = proc  # for on_kill
 
-        def _on_timeout() -> None:
-            timed_out.set()
-            self._kill_group(f"timeout after {timeout_s:.0f}s")
-
-        timer = threading.Timer(timeout_s, _on_timeout)
-        timer.daemon = True
-        timer.start()
-        self._tail: collections.deque[str] = collections.deque(maxlen=self.tail_lines)
-        try:
-            assert self._proc.stdout is not None
-            for line in self._proc.stdout:
-                line = line.rstrip("\n")
-                self._tail.append(line)
-                self.log.info("[trainer] %s", line)
-            rc = self._proc.wait()
-        finally:
-            timer.cancel()
-            self._kill_group("task finished")  # leaves no orphan ranks behind
-        if timed_out.is_set():
+        res = warm.run_streamed(argv, env, os.getcwd(), lambda line: self.log.info("[trainer] %s", line.rstrip("\n")),
+                                timeout_s, grace_s=15.0, tail_lines=self.tail_lines, on_start=on_start)
+        self._tail = collections.deque(res.tail, maxlen=self.tail_lines)
+        if res.timed_out:
             raise AirflowException(f"trainer timed out after {timeout_s:.0f}s and was killed")
-        return rc
+        return res.rc
 
     def on_kill(self) -> None:
         self._kill_group("task killed")

@@ -23,10 +23,7 @@ import json
 import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -164,38 +161,16 @@ def _mlflow_run(cfg: Config, run_id: str, params: dict) -> str:
 
 def _run_workers(cmd: list[str], env: dict, log_path: Path, timeout_s: float) -> tuple[int, str]:
     """Run the launcher in its own process group, echoing its output to ours and to log_path."""
-    tail: list[str] = []
-    timed_out = threading.Event()
-
-    def kill() -> None:  # a silent hang must end too: the deadline does not wait for output
-        timed_out.set()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
     with open(log_path, "a") as log:
-        proc = warm.popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace")  # a warm fork when env names a warm server (rl_core/warm.py)
-        timer = threading.Timer(timeout_s, kill)
-        timer.start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                log.write(line)
-                tail = (tail + [line])[-40:]
-            rc = proc.wait()
-        except BaseException:  # our caller is going away (SIGTERM, Ctrl-C): take the workers with us
-            kill()
-            proc.wait()
-            raise
-        finally:
-            timer.cancel()
-        if timed_out.is_set():
-            tail.append(f"\n[rtrl] training killed after {timeout_s:.0f}s (train.timeout_s)\n")
-            rc = 124
-    return rc, "".join(tail)
+        def echo(line: str) -> None:
+            sys.stdout.write(line)
+            log.write(line)
+
+        res = warm.run_streamed(cmd, env, REPO_ROOT, echo, timeout_s)  # a warm fork when env names a warm server
+    tail = "".join(line + "\n" for line in res.tail)
+    if res.timed_out:
+        tail += f"\n[rtrl] training killed after {timeout_s:.0f}s (train.timeout_s)\n"
+    return res.rc, tail
 
 
 def _summarize(base: dict, result: dict) -> dict:
