@@ -19,7 +19,6 @@ job whose Airflow config (AIRFLOW_HOME, AIRFLOW__*), DS_ACCELERATOR or HF_* envi
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib
 import json
 import os
@@ -33,8 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 SOCKET_ENV = "RTRL_WARM_SOCKET"
@@ -128,7 +125,7 @@ def serve(sock_path: Path, preload: list[str]) -> None:
     if threading.active_count() != 1:
         raise SystemExit(f"warm: {threading.active_count()} threads after the preload; forking would be unsafe")
     print(f"[warm] imported {', '.join(preload)} in {time.time() - t0:.1f}s; pid {os.getpid()}", flush=True)
-    pinned = _pinned(dict(os.environ))
+    pinned, stamp = _pinned(dict(os.environ)), _sources()
     sock_path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = sock_path.with_name(sock_path.name + ".tmp")
@@ -148,7 +145,7 @@ def serve(sock_path: Path, preload: list[str]) -> None:
             if ready:
                 conn, _ = listener.accept()
                 try:
-                    pid = _start_job(conn, [listener, *jobs.values()], pinned)
+                    pid = _start_job(conn, [listener, *jobs.values()], pinned, stamp)
                     if pid:
                         jobs[pid] = conn
                     else:
@@ -167,7 +164,36 @@ def serve(sock_path: Path, preload: list[str]) -> None:
         sock_path.unlink(missing_ok=True)
 
 
-def _start_job(conn: socket.socket, others: list[socket.socket], pinned: dict[str, str]) -> int:
+def _sources() -> dict[str, int]:
+    """mtime of the source of every imported module outside the interpreter's own folders (the project's
+    code, whatever the preload pulled in). Why: a job forked after one of them was edited would run the
+    preloaded old code beside new code it imports fresh (measured: an edit during `rtrl experiment` gave
+    the DAG's operator a new helper that the server's old rl_core.warm did not have)."""
+    skip = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    out = {}
+    for mod in list(sys.modules.values()):
+        f = getattr(mod, "__file__", None)
+        if isinstance(f, str) and f.endswith(".py") and not f.startswith(skip):
+            try:
+                out[f] = os.stat(f).st_mtime_ns
+            except OSError:
+                pass
+    return out
+
+
+def _changed(stamp: dict[str, int]) -> str | None:
+    """The first preloaded source that changed (or vanished) since the preload, else None."""
+    for f, t in stamp.items():
+        try:
+            if os.stat(f).st_mtime_ns != t:
+                return f
+        except OSError:
+            return f
+    return None
+
+
+def _start_job(conn: socket.socket, others: list[socket.socket], pinned: dict[str, str],
+               stamp: dict[str, int]) -> int:
     conn.settimeout(10)
     head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
     try:
@@ -177,6 +203,11 @@ def _start_job(conn: socket.socket, others: list[socket.socket], pinned: dict[st
         if _pinned(req["env"]) != pinned:
             diff = sorted(set(_pinned(req["env"]).items()) ^ set(pinned.items()))
             conn.sendall(json.dumps({"error": f"environment differs from the server's: {diff[:4]}"})
+                         .encode() + b"\n")
+            return 0
+        changed = _changed(stamp)
+        if changed:
+            conn.sendall(json.dumps({"error": f"{changed} changed since the preload (old and new code would mix)"})
                          .encode() + b"\n")
             return 0
         sys.stdout.flush()
@@ -296,68 +327,6 @@ def popen(cmd: list[str], env: dict[str, str], cwd: str | Path, stdout=None, std
             print(f"[warm] {e}; starting a fresh process", file=sys.stderr)
     return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=stdout, stderr=stderr, start_new_session=True,
                             **popen_kw)
-
-
-@dataclass
-class Streamed:
-    rc: int  # the job's exit code; 124 when the deadline stopped it
-    tail: list[str]  # its last output lines, without newlines
-    timed_out: bool
-
-
-def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: Callable[[str], None],
-                 timeout_s: float, *, grace_s: float = 0.0, tail_lines: int = 40,
-                 on_start: Callable[[subprocess.Popen | WarmPopen], None] | None = None) -> Streamed:
-    """Run cmd as a job (warm when env names a server), hand each output line to on_line as it arrives, and
-    stop its whole process group: at the deadline (SIGTERM, SIGKILL grace_s later; at once with 0), when
-    the caller is interrupted, and after it exits (no orphan ranks). Both trainer launchers use it: `rtrl
-    train`'s and the DAG's DeepSpeedLaunchOperator. Only this thread waits on the job: a WarmPopen reads
-    its exit code from a socket, which two waiting threads would split between them."""
-    proc = popen(cmd, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                 text=True, errors="replace", bufsize=1)
-    if on_start is not None:
-        on_start(proc)
-    timed_out = threading.Event()
-    timers: list[threading.Timer] = []
-
-    def group(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def later(delay: float, fn: Callable[[], None]) -> None:
-        t = threading.Timer(delay, fn)
-        t.daemon = True
-        timers.append(t)
-        t.start()
-
-    def deadline() -> None:  # a silent hang must end too: the deadline does not wait for output
-        timed_out.set()
-        if grace_s > 0:
-            group(signal.SIGTERM)
-            later(grace_s, lambda: group(signal.SIGKILL))
-        else:
-            group(signal.SIGKILL)
-
-    later(timeout_s, deadline)
-    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            tail.append(line.rstrip("\n"))
-            on_line(line)
-        rc = proc.wait()
-    except BaseException:  # our caller is going away (SIGTERM, Ctrl-C): take the job with us
-        group(signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        for t in list(timers):
-            t.cancel()
-        group(signal.SIGKILL)  # what the job left behind
-        proc.stdout.close()
-    return Streamed(124 if timed_out.is_set() else rc, list(tail), timed_out.is_set())
 
 
 def start_server(env: dict[str, str], log: Path, preload: list[str] | None = None) -> tuple[subprocess.Popen, Path]:

@@ -80,6 +80,32 @@ def test_an_environment_the_preload_already_read_falls_back_to_a_fresh_process(s
     assert isinstance(p, subprocess.Popen) and rc == 5
 
 
+def test_a_source_edited_after_the_preload_falls_back_to_a_fresh_process(tmp_path, capsys):
+    """An edit to preloaded code (here a small module; in practice rl_core during an experiment) makes the
+    server refuse jobs: a fork would run the old module beside new code. The caller starts a fresh process."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "warmprobe.py").write_text(PROBE)
+    lib = mods / "warmlib.py"
+    lib.write_text("VERSION = 1\n")
+    env = dict(os.environ) | {"PYTHONPATH": str(mods)}
+    env.pop(warm.SOCKET_ENV, None)
+    log = tmp_path / "warm.log"
+    proc, sock = warm.start_server(env, log, preload=["json", "warmlib"])
+    try:
+        warm.wait_ready(proc, sock, log, timeout_s=60)
+        env[warm.SOCKET_ENV] = str(sock)
+        p, out, rc = _run(env, "0")
+        assert isinstance(p, warm.WarmPopen) and out.startswith("preloaded")
+        st = lib.stat()
+        os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        p, out, rc = _run(env, "4")
+        assert isinstance(p, subprocess.Popen) and rc == 4 and out.startswith("cold")
+        assert "warmlib.py changed since the preload" in capsys.readouterr().err
+    finally:
+        warm.stop_server(proc, sock)
+
+
 def test_a_server_that_cannot_preload_says_why(tmp_path):
     log = tmp_path / "warm.log"
     proc, sock = warm.start_server(dict(os.environ), log, preload=["no_such_module_xyz"])

@@ -86,12 +86,12 @@ class DeepSpeedLaunchOperator(BaseOperator):
         """Run argv in a new session; every output line goes to the task log. Returns the exit code."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in self.env.items()}}
         self.log.info("launching: %s", " ".join(argv))
-        from rl_core import warm  # a warm fork when the environment names a warm server (rtrl experiment)
+        from rl_core import jobs  # a warm fork when the environment names a warm server (rtrl experiment)
 
         def on_start(proc) -> None:
             self._proc = proc  # for on_kill
 
-        res = warm.run_streamed(argv, env, os.getcwd(), lambda line: self.log.info("[trainer] %s", line.rstrip("\n")),
+        res = jobs.run_streamed(argv, env, os.getcwd(), lambda line: self.log.info("[trainer] %s", line.rstrip("\n")),
                                 timeout_s, grace_s=15.0, tail_lines=self.tail_lines, on_start=on_start)
         self._tail = collections.deque(res.tail, maxlen=self.tail_lines)
         if res.timed_out:

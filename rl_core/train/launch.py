@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, field_validator
 
-from rl_core import warm
+from rl_core import jobs
 from rl_core.config import REPO_ROOT, Config
 from rl_core.lake import Lake, lake_from_config
 from rl_core.procs import free_port
@@ -166,7 +166,7 @@ def _run_workers(cmd: list[str], env: dict, log_path: Path, timeout_s: float) ->
             sys.stdout.write(line)
             log.write(line)
 
-        res = warm.run_streamed(cmd, env, REPO_ROOT, echo, timeout_s)  # a warm fork when env names a warm server
+        res = jobs.run_streamed(cmd, env, REPO_ROOT, echo, timeout_s)  # a warm fork when env names a warm server
     tail = "".join(line + "\n" for line in res.tail)
     if res.timed_out:
         tail += f"\n[rtrl] training killed after {timeout_s:.0f}s (train.timeout_s)\n"
