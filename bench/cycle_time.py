@@ -78,7 +78,10 @@ def eval_generation_s(cfg, lake, run_id: str) -> float:
     if not lake.exists(p):
         return 0.0
     t = lake.read_parquet(p)
-    return sum(t["latency_ms"].to_pylist()) / 1000 / max(cfg.eval.workers, 1)
+    cached = t["cached"].to_pylist() if "cached" in t.column_names else [False] * t.num_rows
+    # a side read back from the eval cache generated nothing this cycle
+    ran = [ms for ms, c in zip(t["latency_ms"].to_pylist(), cached, strict=True) if not c]
+    return sum(ran) / 1000 / max(cfg.eval.workers, 1)
 
 
 def training_compute_s(cfg, lake, run_id: str) -> float:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from evals import cache
 from evals.harness import Budget, TaskResult
 from evals.policies import LocalPolicy, Policy
 from evals.runner import aggregate, results_table, run_suite
@@ -92,28 +93,44 @@ def compare(run_id: str, candidate: list[TaskResult], baseline: list[TaskResult]
     return EvalComparison(run_id, verdict, not reasons, metrics, aggregate(candidate), aggregate(baseline), reasons)
 
 
-def compare_policies(cfg, run_id: str, candidate: Policy, baseline: Policy, tasks=None,
-                     progress: bool = False) -> EvalComparison:
-    """Run the suite for both policies, write results/comparison/report and the "eval" verdict."""
+def compare_policies(cfg, run_id: str, candidate: Policy | cache.Cached, baseline: Policy | cache.Cached,
+                     tasks=None, progress: bool = False, candidate_key: str | None = None,
+                     baseline_key: str | None = None) -> EvalComparison:
+    """Run the suite for both policies, write results/comparison/report and the "eval" verdict.
+
+    A `cache.Cached` side is not run again: its results were read from the cache (evals/cache.py).
+    A side that does run with a key is kept under it for a later cycle.
+    """
     from rl_core.lake import lake_from_config
     from rl_core.reports import Verdict, write_verdict
 
     ec = cfg.eval
     tasks = tasks if tasks is not None else load_tasks(cfg.path(ec.tasks_dir), limit=ec.task_limit)
     budget = Budget.from_config(ec)
-    cand = run_suite(tasks, candidate, budget, ec.workers, progress)
-    base = run_suite(tasks, baseline, budget, ec.workers, progress)
-    result = compare(run_id, cand, base, ec.tolerance, ec.z)
     lake = lake_from_config(cfg)
+
+    def suite(policy: Policy | cache.Cached, key: str | None) -> list[TaskResult]:
+        if isinstance(policy, cache.Cached):
+            return policy.results
+        results = run_suite(tasks, policy, budget, ec.workers, progress)
+        if key is not None:
+            cache.save(lake, key, results)
+        return results
+
+    cand, base = suite(candidate, candidate_key), suite(baseline, baseline_key)
+    result = compare(run_id, cand, base, ec.tolerance, ec.z)
     folder = f"{lake.run_dir(run_id)}/eval"
-    table = pa.concat_tables([results_table(cand, "candidate"), results_table(base, "baseline")])
+    table = pa.concat_tables([results_table(cand, "candidate", cached=isinstance(candidate, cache.Cached)),
+                              results_table(base, "baseline", cached=isinstance(baseline, cache.Cached))])
     lake.write_parquet(f"{folder}/results.parquet", table)
     lake.write_json(f"{folder}/comparison.json", asdict(result))
     from evals.report import markdown
 
     lake.write_bytes(f"{folder}/report.md", markdown(result, candidate.name, baseline.name).encode())
     details = {"verdict": result.verdict, "n_tasks": len(tasks), "candidate": candidate.name,
-               "baseline": baseline.name, **{f"candidate_{k}": v for k, v in result.candidate.items()},
+               "baseline": baseline.name, "candidate_cached": isinstance(candidate, cache.Cached),
+               "baseline_cached": isinstance(baseline, cache.Cached),
+               **{f"candidate_{k}": v for k, v in result.candidate.items()},
                **{f"baseline_{k}": v for k, v in result.baseline.items()},
                **{f"diff_{m.metric}": m.mean_diff for m in result.metrics},
                **{f"se_{m.metric}": m.se for m in result.metrics}}
@@ -127,13 +144,24 @@ def evaluate(cfg, run_id: str, candidate_dir: str | Path, baseline_version: int,
 
     Writes runs/<run_id>/eval/{results.parquet, comparison.json, report.md} and the verdict "eval",
     which passes iff no metric regressed. `candidate`/`baseline` override the checkpoint-backed
-    policies (planted scripted candidates in tests and demos).
+    policies (planted scripted candidates in tests and demos). A checkpoint-backed side whose weights
+    already ran this suite is read from the cache (evals/cache.py) instead: the baseline is usually the
+    champion an earlier cycle evaluated, or the candidate of the cycle before.
     """
+    from rl_core.lake import lake_from_config
     from rl_core.registry.store import checkpoint_path
 
+    ec = cfg.eval
+    tasks = load_tasks(cfg.path(ec.tasks_dir), limit=ec.task_limit)
+    budget, lake = Budget.from_config(ec), lake_from_config(cfg)
+    candidate_key = baseline_key = None
     if candidate is None:
-        candidate = LocalPolicy(candidate_dir, cfg.model.dtype, name=f"candidate:{Path(candidate_dir).name}")
+        name = f"candidate:{Path(candidate_dir).name}"
+        candidate_key = cache.key(candidate_dir, cfg.model.dtype, tasks, budget)
+        candidate = cache.load(lake, candidate_key, name) or LocalPolicy(candidate_dir, cfg.model.dtype, name=name)
     if baseline is None:
-        baseline = LocalPolicy(checkpoint_path(cfg, baseline_version), cfg.model.dtype,
-                               name=f"rtrl-policy/{baseline_version}")
-    return compare_policies(cfg, run_id, candidate, baseline)
+        ckpt, name = checkpoint_path(cfg, baseline_version), f"rtrl-policy/{baseline_version}"
+        baseline_key = cache.key(ckpt, cfg.model.dtype, tasks, budget)
+        baseline = cache.load(lake, baseline_key, name) or LocalPolicy(ckpt, cfg.model.dtype, name=name)
+    return compare_policies(cfg, run_id, candidate, baseline, tasks, candidate_key=candidate_key,
+                            baseline_key=baseline_key)

@@ -57,7 +57,8 @@ def aggregate(results: list[TaskResult]) -> dict[str, float]:
     return out
 
 
-def results_table(results: list[TaskResult], role: str) -> pa.Table:
-    """One row per task result, with the role ("candidate", "baseline", or a version label)."""
-    rows = [{"role": role, **r.row()} for r in results]
+def results_table(results: list[TaskResult], role: str, cached: bool = False) -> pa.Table:
+    """One row per task result, with the role ("candidate", "baseline", or a version label) and whether
+    the result was read back from the baseline cache (evals/cache.py) instead of run now."""
+    rows = [{"role": role, "cached": cached, **r.row()} for r in results]
     return pa.Table.from_pylist(rows)

@@ -23,6 +23,13 @@ def test_evaluate_and_rtrl_eval_on_the_registered_base_model(registered, capsys)
     assert v.passed and v.details["n_tasks"] == cfg.eval.task_limit
     assert lake.read_parquet("runs/cycle-20261202T1000/eval/results.parquet").num_rows == 2 * cfg.eval.task_limit
 
+    # the next cycle against the same version: the registered checkpoint's run is read back, not rerun
+    again = evaluate(cfg, "cycle-20261202T1500", cfg.models_dir / "tiny", 1)
+    table = lake.read_parquet("runs/cycle-20261202T1500/eval/results.parquet")
+    assert all(table["cached"].to_pylist()) and again.baseline == result.baseline
+    details = read_verdict(lake, "cycle-20261202T1500", "eval").details
+    assert details["baseline_cached"] and details["candidate_cached"]
+
     # the CLI: table printed, metrics + report logged to the version's own MLflow run
     assert main(["eval", "--version", "1", "--baseline", "1", "--limit", "3", "--no-progress"]) == 0
     out = capsys.readouterr().out

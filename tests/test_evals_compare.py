@@ -105,3 +105,42 @@ def test_evaluate_checkpoint_writes_results_and_verdict(cfg, tiny_checkpoint):
     v = read_verdict(lake, "cycle-20261202T1000", "eval")
     assert v.passed and v.details["n_tasks"] == 3 and v.details["candidate"].startswith("candidate:")
     assert lake.read_parquet("runs/cycle-20261202T1000/eval/results.parquet").num_rows == 6
+
+
+def test_a_checkpoint_that_already_ran_the_suite_is_read_from_the_cache(cfg, tiny_checkpoint, tmp_path):
+    """Same weights, tasks, budget and code -> the earlier run comes back instead of a rerun; any change to
+    the weights is a new key; a sampled eval is never cached."""
+    import shutil
+
+    from evals import cache
+    from evals.compare import evaluate
+    from evals.harness import Budget
+    from evals.policies import OraclePolicy
+
+    cfg.eval.task_limit = 3
+    lake = lake_from_config(cfg)
+    tasks = load_tasks(cfg.path(cfg.eval.tasks_dir), limit=3)
+    first = evaluate(cfg, "cycle-a", tiny_checkpoint, 1, baseline=OraclePolicy(tasks))
+    rows = lake.read_parquet("runs/cycle-a/eval/results.parquet").to_pylist()
+    assert not any(r["cached"] for r in rows)
+    assert not read_verdict(lake, "cycle-a", "eval").details["candidate_cached"]
+
+    # the same weights in another folder (the registry's copy): same key, results reused, renamed
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    budget = Budget.from_config(cfg.eval)
+    assert cache.key(copy, cfg.model.dtype, tasks, budget) == cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget)
+    second = evaluate(cfg, "cycle-b", copy, 1, baseline=OraclePolicy(tasks))
+    table = lake.read_parquet("runs/cycle-b/eval/results.parquet")
+    cand = [r for r in table.to_pylist() if r["role"] == "candidate"]
+    assert all(r["cached"] for r in cand) and all(r["policy"] == "candidate:copy" for r in cand)
+    assert read_verdict(lake, "cycle-b", "eval").details["candidate_cached"]
+    assert second.candidate == first.candidate and second.metrics == first.metrics
+
+    # changed weights, changed tasks or a sampled budget: another key, or none
+    (copy / "generation_config.json").write_text('{"changed": true}')
+    assert cache.key(copy, cfg.model.dtype, tasks, budget) != cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget)
+    assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks[:2], budget) != cache.key(
+        tiny_checkpoint, cfg.model.dtype, tasks, budget)
+    budget.temperature = 0.7
+    assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget) is None
