@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rl_core.simulate.experiment import CURVES, Paired, paired
@@ -79,3 +81,55 @@ def test_curves_plot_and_table_show_every_curve_including_a_failed_cycle(cfg, tm
     header, _, first, second = md.splitlines()[2:6]
     assert "no edit" in header and header.count("|") == first.count("|") == second.count("|")
     assert "| 0.310 |" in first and "| rc 1 |" in second and "| 0.550 |" in second and "| n/a |" in second
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigterm_stops_the_experiment_and_every_process_it_started(rtrl_home, tmp_path):
+    """A scheduler's or `timeout`'s SIGTERM must not leave the gateway, its engines or the warm server behind:
+    they run in their own sessions, so only the experiment's own unwinding can stop them."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parent.parent
+
+    def ours() -> list[int]:
+        """Live processes (not zombies) whose environment carries this test's RTRL_HOME."""
+        mark = f"RTRL_HOME={rtrl_home}".encode()
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and int(d.name) != os.getpid() and mark in (d / "environ").read_bytes().split(b"\0") \
+                        and "\nState:\tZ" not in (d / "status").read_text():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+        return pids
+
+    proc = subprocess.Popen([sys.executable, "-m", "rl_core.cli", "experiment", "--cycles", "1",
+                             "--out", str(tmp_path / "exp")], cwd=repo, env=dict(os.environ),
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    port = None
+    try:
+        deadline = time.monotonic() + 420
+        for line in proc.stderr:
+            if m := re.search(r"\[experiment\] cycle 1/1 \(gateway http://[\d.]+:(\d+)\)", line):
+                port = int(m.group(1))
+                break
+            assert time.monotonic() < deadline, "the experiment never started its first cycle"
+        assert port, "the experiment exited before its first cycle"
+        assert len(ours()) >= 3  # the experiment, its gateway and its warm server at least
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)  # drains stderr while it unwinds
+        assert proc.returncode == 143
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with pytest.raises(OSError):  # nobody listens on the gateway's port any more
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert not ours(), "processes of the experiment outlived it"
