@@ -23,7 +23,7 @@ from typing import Any
 
 from rl_core import warm
 from rl_core.config import REPO_ROOT
-from rl_core.procs import start, stop, wait_http
+from rl_core.procs import exit_on_sigterm, start, stop, wait_http
 
 # The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
 SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
@@ -376,8 +376,8 @@ def _run(args) -> int:
         print(f"model       http://127.0.0.1:{cfg.mlflow.ui_port}/#/models/{cfg.mlflow.model_name}   (Ctrl-C stops it)")
         return serve_until_interrupted([proc])
     t0 = time.time()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the finally blocks stop the gateway
-    report = run_cycle(cfg, args.interactions)
+    with exit_on_sigterm():  # unwind: the finally blocks stop the gateway
+        report = run_cycle(cfg, args.interactions)
     print_report(cfg, report)
     print(f"cycle done in {time.time() - t0:.0f}s")
     return report.dag_rc

@@ -3,15 +3,35 @@ session and is stopped by process group, so nothing is left holding a port or a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from rl_core.config import REPO_ROOT
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C while inside: `finally` blocks run and stop the children, which live in
+    their own sessions and so never see a signal sent to us (a scheduler's kill, `timeout`, Airflow's on_kill
+    of a task that runs `rtrl train`). Python's default SIGTERM ends the process without unwinding. The
+    previous handler comes back on the way out (tests call the CLI in-process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:

@@ -57,6 +57,26 @@ def rtrl_home(tmp_path, monkeypatch, mlflow_db_template) -> Path:
 
 
 @pytest.fixture
+def own_processes(rtrl_home):
+    """A function listing the live processes (zombies excluded) whose environment carries this test's
+    RTRL_HOME: what a command started, however deep, and whichever session it put them in."""
+    mark = f"RTRL_HOME={rtrl_home}".encode()
+
+    def live() -> list[int]:
+        pids = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and int(d.name) != os.getpid() and mark in (d / "environ").read_bytes().split(b"\0") \
+                        and "\nState:\tZ" not in (d / "status").read_text():
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+        return pids
+
+    return live
+
+
+@pytest.fixture
 def cfg(rtrl_home):
     """The effective tiny-profile config rooted at this test's RTRL_HOME."""
     from rl_core.config import load_config

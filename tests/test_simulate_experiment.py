@@ -85,7 +85,7 @@ def test_curves_plot_and_table_show_every_curve_including_a_failed_cycle(cfg, tm
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigterm_stops_the_experiment_and_every_process_it_started(rtrl_home, tmp_path):
+def test_sigterm_stops_the_experiment_and_every_process_it_started(own_processes, tmp_path):
     """A scheduler's or `timeout`'s SIGTERM must not leave the gateway, its engines or the warm server behind:
     they run in their own sessions, so only the experiment's own unwinding can stop them."""
     import os
@@ -97,19 +97,6 @@ def test_sigterm_stops_the_experiment_and_every_process_it_started(rtrl_home, tm
     import time
 
     repo = Path(__file__).resolve().parent.parent
-
-    def ours() -> list[int]:
-        """Live processes (not zombies) whose environment carries this test's RTRL_HOME."""
-        mark = f"RTRL_HOME={rtrl_home}".encode()
-        pids = []
-        for d in Path("/proc").iterdir():
-            try:
-                if d.name.isdigit() and int(d.name) != os.getpid() and mark in (d / "environ").read_bytes().split(b"\0") \
-                        and "\nState:\tZ" not in (d / "status").read_text():
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-        return pids
 
     proc = subprocess.Popen([sys.executable, "-m", "rl_core.cli", "experiment", "--cycles", "1",
                              "--out", str(tmp_path / "exp")], cwd=repo, env=dict(os.environ),
@@ -123,7 +110,7 @@ def test_sigterm_stops_the_experiment_and_every_process_it_started(rtrl_home, tm
                 break
             assert time.monotonic() < deadline, "the experiment never started its first cycle"
         assert port, "the experiment exited before its first cycle"
-        assert len(ours()) >= 3  # the experiment, its gateway and its warm server at least
+        assert len(own_processes()) >= 3  # the experiment, its gateway and its warm server at least
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)  # drains stderr while it unwinds
         assert proc.returncode == 143
@@ -132,4 +119,4 @@ def test_sigterm_stops_the_experiment_and_every_process_it_started(rtrl_home, tm
             os.killpg(proc.pid, signal.SIGKILL)
     with pytest.raises(OSError):  # nobody listens on the gateway's port any more
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    assert not ours(), "processes of the experiment outlived it"
+    assert not own_processes(), "processes of the experiment outlived it"

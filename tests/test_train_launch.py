@@ -115,3 +115,47 @@ def test_stale_jit_build_lock_is_cleared_fresh_one_kept(tmp_path):
     assert clear_stale_build_locks(tmp_path) == [stale]
     assert not stale.exists() and fresh.exists()
     assert clear_stale_build_locks(tmp_path / "missing") == []
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_rtrl_train_stops_its_trainer(registered, own_processes):
+    """Airflow's on_kill (or any scheduler) sends SIGTERM to `rtrl train`; the trainer it launched runs in
+    its own session and must stop too, not keep the CPUs (or GPUs) busy with nobody waiting."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    cfg = registered
+    synthetic.make_run(lake_from_config(cfg), "cycle-term", store.checkpoint_path(cfg, 1), n_prompts=64,
+                       per_prompt=4)
+    repo = Path(__file__).resolve().parent.parent
+
+    def trainer_running() -> bool:
+        for pid in own_processes():
+            try:
+                if b"rl_core.train.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:  # it ended between the listing and the read
+                pass
+        return False
+
+    proc = subprocess.Popen([sys.executable, "-m", "rl_core.cli", "train", "--run-id", "cycle-term", "--base", "1"],
+                            cwd=repo, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not trainer_running():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the trainer never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 143
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.5)  # SIGKILL of the group is asynchronous
+    assert not own_processes(), "the trainer outlived `rtrl train`"

@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -299,6 +298,7 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     from rl_core.config import load_config
+    from rl_core.procs import exit_on_sigterm
 
     if args.cycles < 1:
         print(f"rtrl experiment: --cycles must be >= 1, got {args.cycles}", file=sys.stderr)
@@ -309,17 +309,14 @@ def _run(args) -> int:
         over["RTRL_SIMULATE__USERS"] = str(args.users)
     saved = {k: os.environ.get(k) for k in over}
     os.environ.update(over)
-    # SIGTERM (a job scheduler, `timeout`, kill) unwinds like Ctrl-C: the finally blocks stop the gateway, its
-    # engines and the warm server, which run in their own sessions and would otherwise outlive us
-    term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         cfg = load_config()
         out = Path(args.out) if args.out else cfg.home_path / "experiments" / time.strftime("%Y%m%dT%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
-        curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out, args.train_from,
-                                           warm_start=not args.cold)
-    finally:  # leave the caller's environment and handlers as they were (tests call this in-process)
-        signal.signal(signal.SIGTERM, term)
+        with exit_on_sigterm():  # the gateway, its engines and the warm server stop with us
+            curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out, args.train_from,
+                                               warm_start=not args.cold)
+    finally:  # leave the caller's environment as it was (tests call this in-process)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -295,6 +295,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     from rl_core.config import load_config
+    from rl_core.procs import exit_on_sigterm
     from rl_core.registry import store
     from rl_core.train.data import DataError
 
@@ -307,7 +308,8 @@ def _run(args) -> int:
         print("rtrl train: no --base given and no champion alias (run `rtrl init`)", file=sys.stderr)
         return 2
     try:
-        s = train(cfg, args.run_id, base)
+        with exit_on_sigterm():  # Airflow's on_kill or a scheduler's kill reaches the trainer ranks too
+            s = train(cfg, args.run_id, base)
     except DataError as exc:
         print(f"rtrl train: {exc}", file=sys.stderr)
         return 2
