@@ -208,6 +208,9 @@ class SimulateConfig(Section):
     max_turns: int = Field(4, gt=0)  # assistant turns per simulated session
     max_tokens: int = Field(96, gt=0)  # per simulated request
     temperature: float = Field(0.8, ge=0)
+    # the bank's task ids users may ask (empty: all). bench/task_probe.py lists the tasks a model solves
+    # sometimes: only there does its reward vary between answers, so only there can it learn
+    tasks: list[str] = []
 
 
 class Config(Section):

@@ -239,3 +239,27 @@ def test_request_attaches_the_task_files_as_fenced_code_then_asks():
         assert text.startswith("mathx.py:\n```python\ndef add(a, b):\n    return a - b\n```\n")
         assert t.task.prompt.lower().rstrip(".!") in text.lower().split("```")[-1]
         assert task_of([{"role": "user", "content": text}], BANK).id == "sim-add"
+
+
+def test_simulate_tasks_limits_what_users_ask_and_names_a_bad_id(cfg):
+    """`simulate.tasks` (the probe's learnable band): users ask only those; an unknown id or an org left with
+    nothing to ask is a clear error before any request."""
+    shared = [t.id for t in BANK if t.org is None][:2]
+    cfg.simulate.tasks = shared
+    chat, sink = Scripted("oracle"), Sink()
+    seen: list[str] = []
+    inner = chat.__call__
+
+    def recording(user, sid, turn, messages, tools, seed):
+        seen.append(task_of(messages, BANK).id)
+        return inner(user, sid, turn, messages, tools, seed)
+
+    spec = SimSpec.from_config(cfg, users=4, interactions=12, rate=500.0, concurrency=2)
+    report = simulate(cfg, spec=spec, chat=recording, post=sink, progress=False)
+    assert report.interactions == 12 and set(seen) <= set(shared) and seen
+    cfg.simulate.tasks = [*shared, "no-such-task"]
+    with pytest.raises(ValueError, match=r"simulate.tasks: unknown task id\(s\) \['no-such-task'\]"):
+        simulate(cfg, spec=spec, chat=recording, post=sink, progress=False)
+    cfg.simulate.tasks = [next(t.id for t in BANK if t.org == "org-acme")]
+    with pytest.raises(ValueError, match=r"simulate.tasks: no task left for the users of \['org-globex'\]"):
+        simulate(cfg, spec=spec, chat=recording, post=sink, progress=False)

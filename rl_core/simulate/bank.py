@@ -50,3 +50,15 @@ def load_bank(folder: str | Path | None = None) -> list[SimTask]:
 def tasks_for(bank: list[SimTask], org_id: str) -> list[SimTask]:
     """The tasks a user of org_id may ask: the shared ones plus the org's own."""
     return [t for t in bank if t.org in (None, org_id)]
+
+
+def select(bank: list[SimTask], ids: list[str]) -> list[SimTask]:
+    """The tasks named by `simulate.tasks` (all when empty); an unknown id is an error that names it."""
+    if not ids:
+        return bank
+    known = {t.id for t in bank}
+    unknown = sorted(set(ids) - known)
+    if unknown:
+        raise ValueError(f"simulate.tasks: unknown task id(s) {unknown}; the bank has {len(known)} tasks "
+                         f"(rl_core/simulate/tasks/)")
+    return [t for t in bank if t.id in set(ids)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from rl_core.simulate import feedback as fb
-from rl_core.simulate.bank import SimTask, load_bank, tasks_for
+from rl_core.simulate.bank import SimTask, load_bank, select, tasks_for
 from rl_core.simulate.personas import User, make_users, orgs_from_config
 from rl_core.simulate.users import OUTCOMES, Chat, Feedbacks, Reply, SessionResult, run_session
 
@@ -222,7 +222,10 @@ def simulate(cfg, base_url: str | None = None, spec: SimSpec | None = None, *, c
 
     spec = spec or SimSpec.from_config(cfg)
     users = make_users(spec.users, orgs_from_config(cfg), spec.seed)
-    bank = bank or load_bank()
+    bank = bank or select(load_bank(), cfg.simulate.tasks)
+    empty = sorted({u.org.org_id for u in users if not tasks_for(bank, u.org.org_id)})
+    if empty:
+        raise ValueError(f"simulate.tasks: no task left for the users of {empty}")
     limiter = RateLimiter(spec.rate)
     owned = None
     if chat is None or post is None:
