@@ -80,7 +80,11 @@ def load(lake, cache_key: str | None, name: str) -> Cached | None:
     return Cached(cache_key, name, [TaskResult(**{**r, "policy": name}) for r in rows])
 
 
-def save(lake, cache_key: str, results: list[TaskResult]) -> str:
-    """Keep one suite run under its key (an atomic write: a reader sees the whole file or none)."""
+def save(lake, cache_key: str, results: list[TaskResult]) -> str | None:
+    """Keep one suite run under its key (an atomic write: a reader sees the whole file or none). A run in
+    which the policy failed (an error) or a test hit its time limit is not kept: either may be the
+    machine's state that day (load, memory) rather than the weights', and a cache would repeat it forever."""
+    if any(r.error or r.test_status == "timeout" for r in results):
+        return None
     table = pa.Table.from_pylist([asdict(r) for r in results])
     return lake.write_parquet(f"{FOLDER}/{cache_key}.parquet", table)

@@ -144,3 +144,12 @@ def test_a_checkpoint_that_already_ran_the_suite_is_read_from_the_cache(cfg, tin
         tiny_checkpoint, cfg.model.dtype, tasks, budget)
     budget.temperature = 0.7
     assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget) is None
+
+    # a run with a policy error or a test timeout may be the machine's fault that day: never kept
+    for bad in ({"error": "ConnectionError: reset"}, {"test_status": "timeout"}):
+        r = _r("t0", False)
+        for k, v in bad.items():
+            setattr(r, k, v)
+        assert cache.save(lake, "k-bad", [_r("t1", True), r]) is None
+        assert cache.load(lake, "k-bad", "x") is None
+    assert cache.save(lake, "k-good", [_r("t1", True)]) and cache.load(lake, "k-good", "x").results[0].policy == "x"
