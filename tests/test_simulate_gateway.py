@@ -22,7 +22,7 @@ def gateway(registered):
         yield registered, gw, url
 
 
-def test_users_drive_the_gateway_and_their_events_reach_the_lake(gateway, capsys):
+def test_users_drive_the_gateway_and_their_events_reach_the_lake(gateway, capsys, monkeypatch):
     cfg, gw, url = gateway
     t0 = now_utc()
     spec = SimSpec.from_config(cfg, users=3, interactions=6, rate=50.0, concurrency=2, max_tokens=16, seed=3)
@@ -57,3 +57,6 @@ def test_users_drive_the_gateway_and_their_events_reach_the_lake(gateway, capsys
     assert "| interactions | 3 |" in out and "| errors | 0 |" in out
     assert main(["simulate", "--base-url", "http://10.0.0.1:8000", "--users", "1"]) == 2
     assert "loopback" in capsys.readouterr().err
+    monkeypatch.setenv("RTRL_SIMULATE__TASKS", '["sim-add", "sim-nope"]')
+    assert main(["simulate", "--base-url", url + "/v1", "--users", "1"]) == 2
+    assert "simulate.tasks: unknown task id(s) ['sim-nope']" in capsys.readouterr().err

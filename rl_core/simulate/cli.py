@@ -28,6 +28,7 @@ def add_simulate(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     from rl_core.config import load_config
+    from rl_core.simulate.bank import load_bank, select
     from rl_core.simulate.runner import SimSpec, check_loopback, simulate
 
     cfg = load_config()
@@ -37,6 +38,7 @@ def _run(args) -> int:
                                    max_tokens=args.max_tokens)
         if args.base_url:
             check_loopback(args.base_url)
+        select(load_bank(), cfg.simulate.tasks)  # a bad task id stops us before a gateway starts
     except ValueError as exc:
         print(f"rtrl simulate: {exc}", file=sys.stderr)
         return 2
