@@ -38,7 +38,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Cached:
-    """A baseline's suite run read back from the cache: compare_policies uses it in place of a Policy."""
+    """A suite run read back from the cache: compare_policies uses it in place of a Policy (either side)."""
 
     key: str
     name: str
