@@ -154,14 +154,17 @@ def evaluate(cfg, run_id: str, candidate_dir: str | Path, baseline_version: int,
     ec = cfg.eval
     tasks = load_tasks(cfg.path(ec.tasks_dir), limit=ec.task_limit)
     budget, lake = Budget.from_config(ec), lake_from_config(cfg)
+
+    def from_checkpoint(folder, name: str) -> tuple[Policy | cache.Cached, str | None]:
+        """The cached run of these weights, else the loaded model; and the cache key to keep its run under."""
+        key = cache.key(folder, cfg.model.dtype, tasks, budget)
+        return cache.load(lake, key, name) or LocalPolicy(folder, cfg.model.dtype, name=name), key
+
     candidate_key = baseline_key = None
     if candidate is None:
-        name = f"candidate:{Path(candidate_dir).name}"
-        candidate_key = cache.key(candidate_dir, cfg.model.dtype, tasks, budget)
-        candidate = cache.load(lake, candidate_key, name) or LocalPolicy(candidate_dir, cfg.model.dtype, name=name)
+        candidate, candidate_key = from_checkpoint(candidate_dir, f"candidate:{Path(candidate_dir).name}")
     if baseline is None:
-        ckpt, name = checkpoint_path(cfg, baseline_version), f"rtrl-policy/{baseline_version}"
-        baseline_key = cache.key(ckpt, cfg.model.dtype, tasks, budget)
-        baseline = cache.load(lake, baseline_key, name) or LocalPolicy(ckpt, cfg.model.dtype, name=name)
+        baseline, baseline_key = from_checkpoint(checkpoint_path(cfg, baseline_version),
+                                                 f"rtrl-policy/{baseline_version}")
     return compare_policies(cfg, run_id, candidate, baseline, tasks, candidate_key=candidate_key,
                             baseline_key=baseline_key)

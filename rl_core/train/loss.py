@@ -62,7 +62,11 @@ def token_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool = True) -
     logits [B,C,V] predict targets [B,C]; computed in float32 whatever the model dtype (bf16 logprobs
     are off by ~0.4 nats, enough to fake a ratio far from 1).
     """
-    logp_all = log_probs(logits)  # [B,C,V]
+    return pick(log_probs(logits), targets, with_entropy)  # [B,C], [B,C]
+
+
+def pick(logp_all: Tensor, targets: Tensor, with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+    """From a full log-distribution [B,C,V]: the targets' logprobs [B,C] and the entropy per position [B,C]."""
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B,C]
     if not with_entropy:
         return logp, None

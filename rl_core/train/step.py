@@ -17,15 +17,12 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from rl_core.train.loss import LossConfig, LossOutput, kl_to_reference, log_probs, policy_loss
+from rl_core.train.loss import LossConfig, LossOutput, kl_to_reference, log_probs, pick, policy_loss
 
 
 def completion_logprobs(model, t: dict, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """Logprobs [B,C] of the completion tokens (and entropy [B,C]) under model, for to_tensors() inputs."""
-    logp_all = completion_distribution(model, t)  # [B,C,V]
-    logp = logp_all.gather(-1, t["targets"].unsqueeze(-1)).squeeze(-1)  # [B,C]
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None  # [B,C]
-    return logp, entropy
+    return pick(completion_distribution(model, t), t["targets"], with_entropy)  # [B,C], [B,C]
 
 
 def completion_distribution(model, t: dict) -> Tensor:
@@ -57,12 +54,10 @@ def reference_fn(ref_model=None, peft_model=None) -> Callable[[dict], Tensor]:
 
 def compute_loss(model, t: dict, lc: LossConfig, ref: Callable[[dict], Tensor] | None) -> LossOutput:
     """Reference distribution (no grad), then the policy forward and the loss of one micro batch."""
-    targets = t["targets"].unsqueeze(-1)  # [B,C,1]
     ref_all = ref(t) if ref is not None else None  # [B,C,V]
-    ref_logp = ref_all.gather(-1, targets).squeeze(-1) if ref_all is not None else None  # [B,C]
+    ref_logp = pick(ref_all, t["targets"], with_entropy=False)[0] if ref_all is not None else None  # [B,C]
     logp_all = completion_distribution(model, t)  # [B,C,V]
-    logp = logp_all.gather(-1, targets).squeeze(-1)  # [B,C]
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B,C]
+    logp, entropy = pick(logp_all, t["targets"])  # [B,C], [B,C]
     kl = kl_to_reference(logp_all, ref_all) if ref_all is not None else None  # [B,C]
     return policy_loss(
         logp, t["behaviour_logprobs"], t["advantages"], t["loss_mask"], lc, ref_logp=ref_logp, entropy=entropy, kl=kl
