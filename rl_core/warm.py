@@ -38,6 +38,7 @@ SOCKET_ENV = "RTRL_WARM_SOCKET"
 PRELOAD = ["torch", "deepspeed", "transformers", "great_expectations", "mlflow", "airflow", "airflow.sdk",
            "airflow.cli.cli_parser", "duckdb", "pyarrow.parquet", "rl_core.train.trainer"]
 _HEADER = struct.Struct("!Q")
+JOB_GRACE_S = 10.0  # a stopping server's jobs get this long after SIGTERM; below procs.stop's 20 s for the server
 
 
 class WarmUnavailable(RuntimeError):
@@ -117,8 +118,9 @@ def _child(req: dict, fds: list[int], inherited: list[socket.socket]) -> None:
         os._exit(code)
 
 
-def serve(sock_path: Path, preload: list[str]) -> None:
-    """Import `preload`, then fork one child per request until SIGTERM; the socket appears once warm."""
+def serve(sock_path: Path, preload: list[str], grace_s: float = JOB_GRACE_S) -> None:
+    """Import `preload`, then fork one child per request until SIGTERM; the socket appears once warm. On SIGTERM
+    the jobs get grace_s to exit, then SIGKILL."""
     t0 = time.time()
     for mod in preload:
         importlib.import_module(mod)
@@ -155,13 +157,34 @@ def serve(sock_path: Path, preload: list[str]) -> None:
                     conn.close()
             _reap(jobs)
     finally:
-        for pid in jobs:  # a job outliving its server would hold ports and files nobody waits on
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        _stop_jobs(list(jobs), jobs, grace_s)
         listener.close()
         sock_path.unlink(missing_ok=True)
+
+
+def _stop_jobs(groups: list[int], jobs: dict[int, socket.socket], grace_s: float) -> None:
+    """SIGTERM every job's process group, SIGKILL what is left after grace_s. A job outliving its server would
+    hold ports and files nobody waits on, and some jobs handle SIGTERM themselves and linger (`airflow dags
+    test` did, after a stopped experiment)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while time.time() < deadline and any(_group_alive(g) for g in groups):
+            _reap(jobs)
+            time.sleep(0.1)
+        _reap(jobs)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _sources() -> dict[str, int]:
@@ -329,13 +352,15 @@ def popen(cmd: list[str], env: dict[str, str], cwd: str | Path, stdout=None, std
                             **popen_kw)
 
 
-def start_server(env: dict[str, str], log: Path, preload: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+def start_server(env: dict[str, str], log: Path, preload: list[str] | None = None,
+                 grace_s: float = JOB_GRACE_S) -> tuple[subprocess.Popen, Path]:
     """Start `python -m rl_core.warm` on a fresh socket; returns at once (see wait_ready)."""
     from rl_core import procs
 
     sock = Path(tempfile.mkdtemp(prefix="rtrl-warm-")) / "sock"  # short: UNIX socket paths stop at ~108 bytes
     proc = procs.start([sys.executable, "-m", "rl_core.warm", "--socket", str(sock),
-                        "--preload", ",".join(PRELOAD if preload is None else preload)], env, log)
+                        "--preload", ",".join(PRELOAD if preload is None else preload), "--grace", str(grace_s)],
+                       env, log)
     return proc, sock
 
 
@@ -362,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="rtrl warm server: preload modules, fork a child per job")
     ap.add_argument("--socket", required=True, type=Path, help="UNIX socket path to listen on")
     ap.add_argument("--preload", default=",".join(PRELOAD), help="comma-separated modules to import first")
+    ap.add_argument("--grace", type=float, default=JOB_GRACE_S, help="seconds jobs get after SIGTERM before SIGKILL")
     a = ap.parse_args(argv)
-    serve(a.socket, [m for m in a.preload.split(",") if m])
+    serve(a.socket, [m for m in a.preload.split(",") if m], a.grace)
     return 0
 
 

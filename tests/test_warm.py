@@ -22,6 +22,13 @@ PROBE = textwrap.dedent("""
     if sys.argv[1] == "sleep":
         import time
         time.sleep(120)
+    if sys.argv[1] == "stubborn":  # like `airflow dags test`: handles SIGTERM and carries on
+        import signal, subprocess, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        kid = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+        print("kid", kid.pid, flush=True)
+        time.sleep(120)
     if sys.argv[1] == "boom":
         raise ValueError("boom")
     sys.exit(int(sys.argv[1]))
@@ -69,6 +76,36 @@ def test_a_job_is_killed_by_its_process_group_and_the_server_lives_on(server):
     os.killpg(p.pid, signal.SIGKILL)
     assert p.wait(timeout=10) == -signal.SIGKILL
     assert _run(env, "0")[2] == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_a_stopping_server_kills_jobs_that_ignore_sigterm(tmp_path):
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "warmprobe.py").write_text(PROBE)
+    env = dict(os.environ) | {"PYTHONPATH": str(tmp_path / "mods")}
+    env.pop(warm.SOCKET_ENV, None)
+    proc, sock = warm.start_server(env, tmp_path / "warm.log", preload=["json"], grace_s=1.0)
+    warm.wait_ready(proc, sock, tmp_path / "warm.log", timeout_s=60)
+    p = warm.popen([sys.executable, "-m", "warmprobe", "stubborn"], env | {warm.SOCKET_ENV: str(sock)}, "/",
+                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kid = int(next(line for line in p.stdout if line.startswith("kid")).split()[1])
+    assert _alive(p.pid) and _alive(kid)
+    t0 = time.time()
+    warm.stop_server(proc, sock)
+    assert proc.returncode == 0  # the server exited by itself, within procs.stop's grace, not by SIGKILL
+    deadline = time.time() + 10
+    while (_alive(p.pid) or _alive(kid)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(p.pid) and not _alive(kid), "a job that ignores SIGTERM outlived its server"
+    assert time.time() - t0 < 15
+    assert p.wait(timeout=5) == -signal.SIGKILL
 
 
 def test_an_environment_the_preload_already_read_falls_back_to_a_fresh_process(server, capsys):
