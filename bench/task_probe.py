@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def probe_task(task, user, chat, samples: int, seed: int) -> dict:
     from evals.tools import Workspace, openai_tools
     from rl_core.schema import now_utc
-    from rl_core.simulate.users import TEST_LIMITS, _react, request_text
+    from rl_core.simulate.users import TEST_LIMITS, react, request_text
 
     outcomes: dict[str, int] = {}
     for k in range(samples):
@@ -38,7 +38,7 @@ def probe_task(task, user, chat, samples: int, seed: int) -> dict:
         reply = chat(user, f"probe-{task.id}-{k}", 0, messages, openai_tools(task.task.tools), rng.randrange(2**31))
         with tempfile.TemporaryDirectory(prefix="rtrl-probe-") as root:
             ws = Workspace(Path(root), dict(task.task.files), list(task.task.tools), TEST_LIMITS)
-            _, outcome, _, _ = _react(user, task, ws, reply, now_utc(), rng, 0)
+            _, outcome, _, _ = react(user, task, ws, reply, now_utc(), rng, 0)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     passed = outcomes.get("edit_passed", 0) + outcomes.get("edit_convention", 0)
     return {"task": task.id, "hard": task.hard, "org": task.org or "", "samples": samples,

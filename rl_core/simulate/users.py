@@ -109,7 +109,7 @@ def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budge
             res.latencies_ms.append(reply.latency_ms)
             if reply.model_version is not None:
                 res.versions.append(reply.model_version)
-            events, outcome, say, tool_msgs = _react(user, task, ws, reply, last_t, rng, asked)
+            events, outcome, say, tool_msgs = react(user, task, ws, reply, last_t, rng, asked)
             res.count(outcome)
             asked += outcome == "clarifying"
             res.success = outcome == "edit_passed"
@@ -136,9 +136,10 @@ def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budge
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _react(user: User, task: SimTask, ws: Workspace, reply: Reply, t: datetime, rng: random.Random,
-           asked: int) -> tuple[list[fb.Feedback], str, str | None, list[dict]]:
-    """(feedback events, outcome, the user's next message or None, tool messages) for one assistant turn."""
+def react(user: User, task: SimTask, ws: Workspace, reply: Reply, t: datetime, rng: random.Random,
+          asked: int) -> tuple[list[fb.Feedback], str, str | None, list[dict]]:
+    """(feedback events, outcome, the user's next message or None, tool messages) for one assistant turn: how this
+    user judges a reply (also bench/task_probe.py's judge, so the probe and the simulator never disagree)."""
     events: list[fb.Feedback] = []
     tool_msgs: list[dict] = []
     edited, broken = False, []
