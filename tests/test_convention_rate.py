@@ -1,0 +1,42 @@
+"""bench/convention_rate.py counts, per org, the answers whose code follows each convention (the simulator's own
+check), from the code the simulated user would apply: a write_file call, else the answer's code block."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("convention_rate",
+                                               Path(__file__).resolve().parent.parent / "bench/convention_rate.py")
+cr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cr)
+
+HINTED = "def area(w: float, h: float) -> float:\n    return w * h\n"
+DOCD = 'def area(w, h):\n    """Area."""\n    return w * h\n'
+PLAIN = "def area(w, h):\n    return w * h\n"
+
+
+def _row(org, text=None, calls=None, persisted=False, reverted=False):
+    return {"org_id": org, "completion_text": text, "tool_calls": calls, "edit_persisted": persisted,
+            "edit_reverted": reverted}
+
+
+def _write(src):
+    return [{"function": {"name": "write_file", "arguments": json.dumps({"path": "geo.py", "content": src})}}]
+
+
+def test_counts_follow_the_simulators_check():
+    rows = [
+        _row("org-acme", calls=_write(HINTED), persisted=True),
+        _row("org-acme", text=f"Here:\n```python\n{PLAIN}```", reverted=True),
+        _row("org-acme", text="Which file do you mean?"),  # no code: not counted as defining a function
+        _row("org-globex", text=f"```python\n{DOCD}```", calls=_write(PLAIN)),  # the tool call wins, as applied
+        _row("org-globex", text=f"```python\n{DOCD}```"),
+        _row("org-globex", text="```python\ndef broken(:\n```"),  # does not parse
+    ]
+    acme, globex = cr.rates(rows)
+    assert acme == {"org": "org-acme", "answers": 3, "with_function": 2, "type_hints": 1, "docstrings": 0,
+                    "persisted": 1, "reverted": 1}
+    assert globex == {"org": "org-globex", "answers": 3, "with_function": 2, "type_hints": 0, "docstrings": 1,
+                      "persisted": 0, "reverted": 0}
