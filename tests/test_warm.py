@@ -92,13 +92,15 @@ def test_a_stopping_server_kills_jobs_that_ignore_sigterm(tmp_path):
     env = dict(os.environ) | {"PYTHONPATH": str(tmp_path / "mods")}
     env.pop(warm.SOCKET_ENV, None)
     proc, sock = warm.start_server(env, tmp_path / "warm.log", preload=["json"], grace_s=1.0)
-    warm.wait_ready(proc, sock, tmp_path / "warm.log", timeout_s=60)
-    p = warm.popen([sys.executable, "-m", "warmprobe", "stubborn"], env | {warm.SOCKET_ENV: str(sock)}, "/",
-                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    kid = int(next(line for line in p.stdout if line.startswith("kid")).split()[1])
-    assert _alive(p.pid) and _alive(kid)
-    t0 = time.time()
-    warm.stop_server(proc, sock)
+    try:
+        warm.wait_ready(proc, sock, tmp_path / "warm.log", timeout_s=60)
+        p = warm.popen([sys.executable, "-m", "warmprobe", "stubborn"], env | {warm.SOCKET_ENV: str(sock)}, "/",
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        kid = int(next(line for line in p.stdout if line.startswith("kid")).split()[1])
+        assert _alive(p.pid) and _alive(kid)
+        t0 = time.time()
+    finally:
+        warm.stop_server(proc, sock)
     assert proc.returncode == 0  # the server exited by itself, within procs.stop's grace, not by SIGKILL
     deadline = time.time() + 10
     while (_alive(p.pid) or _alive(kid)) and time.time() < deadline:
