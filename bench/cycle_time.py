@@ -92,9 +92,10 @@ def training_compute_s(cfg, lake, run_id: str) -> float:
     if s.get("mlflow_run_id"):
         from rl_core.registry import store
 
-        hist = store.client(cfg).get_metric_history(s["mlflow_run_id"], "step_s")
-        if hist:
-            return sum(m.value for m in hist)
+        for key in ("train/step_s", "step_s"):  # the trainer's name; "step_s" in runs before the train/ prefix
+            hist = store.client(cfg).get_metric_history(s["mlflow_run_id"], key)
+            if hist:
+                return sum(m.value for m in hist)
     tokens = (s.get("data") or {}).get("tokens")
     return tokens / s["tokens_per_s"] if tokens and s.get("tokens_per_s") else 0.0
 
