@@ -129,6 +129,10 @@ class RewardsConfig(Section):
     # answers with no tool call and no code block vary more between versions than the rates above
     monitor_no_edit_rise: float = Field(0.10, ge=0)
     monitor_min_episodes: int = Field(20, ge=0)
+    # a version whose mean reward falls below its parent's by more than this, and by more than
+    # monitor_reward_z standard errors, trips too: the only gate that sees it when the challenger serves everyone
+    monitor_reward_drop: float = Field(0.10, ge=0)
+    monitor_reward_z: float = Field(2.58, ge=0)
 
     def config_hash(self) -> str:
         return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]

@@ -217,3 +217,34 @@ def test_enforced_monitors_leave_an_honest_challenger_serving(registered):
     score_run(cfg, "run-y")
     assert enforce_monitors(cfg, "run-y", 1).passed
     assert store.aliases(cfg) == {"champion": 1, "challenger": v2}
+
+
+def test_monitor_trips_when_the_mean_reward_falls_significantly_below_the_parent(cfg):
+    """A worse version is no hack, but with every user on the challenger nothing else would stop it (run L)."""
+    t = START + timedelta(minutes=5)
+    parent = [interaction_row(t, session_id=f"p{i}") for i in range(40)]
+    child = [interaction_row(t, model_version=2, arm="challenger", session_id=f"c{i}") for i in range(40)]
+    # the parent's edits persist 3 times in 4, the child's once in 4: rewards differ by ~0.5, many SEs
+    fb = [feedback_row(r, "edit_persisted", value_float=2.0) for r in parent if int(r["session_id"][1:]) % 4]
+    fb += [feedback_row(r, "edit_persisted", value_float=2.0) for r in child if int(r["session_id"][1:]) % 4 == 0]
+    run(cfg, parent + child, fb, run_id="run-d", policy=2)
+    rates = version_rates(cfg, "run-d")
+    assert rates[2]["mean_reward"] < rates[1]["mean_reward"] - 0.4 and rates[1]["reward_std"] > 0
+    v = run_monitors(cfg, "run-d", parent_version=1)
+    assert not v.passed and v.details["tripped"] == [2]
+    assert any(r.startswith("version 2: mean_reward") and "z " in r for r in v.reasons), v.reasons
+    # the same drop judged inside the noise (a z it does not reach) or below the bound: passes
+    cfg.rewards.monitor_reward_z = 50.0
+    assert run_monitors(cfg, "run-d", parent_version=1).passed
+    cfg.rewards.monitor_reward_z, cfg.rewards.monitor_reward_drop = 2.58, 1.0
+    assert run_monitors(cfg, "run-d", parent_version=1).passed
+
+
+def test_reward_drop_needs_both_spreads():
+    from rl_core.rewards.monitors import reward_drop
+
+    new, old = {"n": 100, "mean_reward": -0.4, "reward_std": 0.5}, {"n": 100, "mean_reward": -0.2, "reward_std": 0.5}
+    assert reward_drop(new, old, 0.1, 2.58)  # 0.2 drop, z -2.83
+    assert reward_drop(new, old, 0.1, 3.0) is None
+    assert reward_drop(new, {"n": 100, "mean_reward": -0.2}, 0.1, 2.58) is None  # a report from before reward_std
+    assert reward_drop(old, new, 0.1, 2.58) is None  # a rise never trips

@@ -9,6 +9,11 @@ version newer than the parent with the parent's rates: from the same window when
 episodes there, else from the latest earlier monitors report that has them. A rate rising by more than its
 configured bound trips the monitor; the verdict "monitors" is what the promotion gate reads.
 
+The mean reward trips it too when it falls below the parent's by more than `monitor_reward_drop` and by more
+than `monitor_reward_z` standard errors. That is not a hack, but it is a worse policy, and when the challenger
+serves all the traffic (`rtrl experiment --challenger-share 1.0`) the A/B verdict has no control arm and the
+eval suite may not see it: run L (docs/results.md) served and trained on top of a version 0.18 worse.
+
 `enforce_monitors` (the cycle's check) also acts on a trip: when a tripped version is the live challenger it
 is taken off traffic (challenger alias removed, version tagged rolled_back). Blocking its descendants is not
 enough: a version that games the reward keeps serving its share, and its higher reward could even win the
@@ -17,6 +22,7 @@ next A/B verdict on a metric the hack inflates.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from rl_core.config import Config
@@ -30,7 +36,8 @@ RATES = ("broken_tool_rate", "clarify_rate", "empty_refusal_rate", "no_edit_rate
 
 
 def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
-    """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, no_edit_rate, mean_reward}."""
+    """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, no_edit_rate, mean_reward,
+    reward_std}."""
     lake = Lake(cfg.lake_root)
     eps, rws = episodes_path(lake, run_id), rewards_path(lake, run_id)
     for p in (eps, rws):
@@ -43,14 +50,33 @@ def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
     finally:
         con.close()
     out: dict[int, dict[str, float]] = {}
-    for version, n, broken, clarify, empty, no_edit, mean_reward, mismatch in rows:
+    for version, n, broken, clarify, empty, no_edit, mean_reward, reward_std, mismatch in rows:
         if mismatch:
             raise ValueError(f"run {run_id!r}: rewards.parquet does not match episodes.parquet row by row "
                              f"({mismatch} event_ids differ for model_version {version}): rerun `rtrl rewards`")
         out[int(version)] = {"n": int(n), "broken_tool_rate": broken, "clarify_rate": clarify,
                              "empty_refusal_rate": empty, "no_edit_rate": no_edit,
-                             "mean_reward": mean_reward if mean_reward == mean_reward else None}  # NaN -> null
+                             "mean_reward": _finite(mean_reward), "reward_std": _finite(reward_std)}
     return out
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and x == x else None  # NaN (stddev of one row) -> null
+
+
+def reward_drop(r: dict, ref: dict, bound: float, z_min: float) -> str | None:
+    """Why r's mean reward is significantly below ref's (unpaired standard error), or None. A report written
+    before reward_std existed has none: nothing is claimed from it."""
+    if r.get("mean_reward") is None or ref.get("mean_reward") is None:
+        return None
+    if r.get("reward_std") is None or ref.get("reward_std") is None:
+        return None
+    diff = r["mean_reward"] - ref["mean_reward"]
+    se = math.sqrt(r["reward_std"] ** 2 / r["n"] + ref["reward_std"] ** 2 / ref["n"])
+    z = diff / se if se > 0 else (-math.inf if diff < 0 else 0.0)
+    if diff < -bound and z < -z_min:
+        return f"drop {-diff:.3f} > bound {bound}, z {z:.2f} < -{z_min}"
+    return None
 
 
 def _earlier_reference(lake: Lake, run_id: str, version: int, min_n: int) -> tuple[dict | None, str | None]:
@@ -111,13 +137,18 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
                  for name in RATES
                  # a rate missing from the reference: an earlier report written before that rate existed
                  if reference.get(name) is not None and r[name] - reference[name] > bounds[name]]
+        drop = reward_drop(r, reference, rc.monitor_reward_drop, rc.monitor_reward_z)
+        if drop:
+            found.append(f"version {version}: mean_reward {r['mean_reward']:.3f} vs parent {parent_version} "
+                         f"{reference['mean_reward']:.3f} ({source}): {drop}")
         reasons += found
         tripped += [version] if found else []
     manifest = read_manifest(lake, run_id) or {}
     report = {"run_id": run_id, "rates_from": rates_from or run_id, "parent_version": parent_version,
               "window_end": manifest.get("end", ""), "rates": {str(v): r for v, r in rates.items()},
               "reference": reference, "reference_source": source, "compared": compared, "tripped": tripped,
-              "skipped": {str(k): v for k, v in skipped.items()}, "bounds": bounds}
+              "skipped": {str(k): v for k, v in skipped.items()},
+              "bounds": bounds | {"mean_reward_drop": rc.monitor_reward_drop, "mean_reward_z": rc.monitor_reward_z}}
     lake.write_json(f"{lake.run_dir(run_id)}/monitors.json", report)
     verdict = Verdict(name="monitors", passed=not reasons, reasons=reasons, details=report)
     write_verdict(lake, run_id, verdict)

@@ -14,6 +14,7 @@ SELECT
     avg((coalesce(trim(e.tool_calls), '') IN ('', '[]')
          AND NOT regexp_matches(coalesce(e.completion_text, ''), '```[^\n`]*\n(?s:.*?)```'))::DOUBLE) AS no_edit_rate,
     avg(r.reward) AS mean_reward,
+    stddev_samp(r.reward) AS reward_std,
     count(*) FILTER (WHERE e.event_id IS DISTINCT FROM r.event_id) AS n_mismatch
 FROM read_parquet($episodes) e
 POSITIONAL JOIN read_parquet($rewards) r
