@@ -36,7 +36,11 @@ from pathlib import Path
 
 SOCKET_ENV = "RTRL_WARM_SOCKET"
 PRELOAD = ["torch", "deepspeed", "transformers", "great_expectations", "mlflow", "airflow", "airflow.sdk",
-           "airflow.cli.cli_parser", "duckdb", "pyarrow.parquet", "rl_core.train.trainer"]
+           "airflow.cli.cli_parser", "duckdb", "pyarrow.parquet", "rl_core.train.trainer",
+           # `import transformers` is lazy: the Auto classes and the model code load on first use, 2.3-2.7 s in
+           # each job that loads a model (the eval task, the trainer), so they are imported here too
+           "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+           "transformers.models.llama.modeling_llama"]
 _HEADER = struct.Struct("!Q")
 JOB_GRACE_S = 10.0  # a stopping server's jobs get this long after SIGTERM; below procs.stop's 20 s for the server
 
