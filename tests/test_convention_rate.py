@@ -40,3 +40,19 @@ def test_counts_follow_the_simulators_check():
                     "persisted": 1, "reverted": 1}
     assert globex == {"org": "org-globex", "answers": 3, "with_function": 2, "type_hints": 0, "docstrings": 1,
                       "persisted": 0, "reverted": 0}
+
+
+def test_convention_probe_samples_the_simulators_requests_and_judges_them(tiny_checkpoint, monkeypatch):
+    """bench/convention_probe.py on the tiny model: every request is answered and counted; the judge is
+    convention_rate's, so an answer that writes a hinted function counts as hinted (planted via decode)."""
+    spec = importlib.util.spec_from_file_location("convention_probe",
+                                                  Path(__file__).resolve().parent.parent / "bench/convention_probe.py")
+    cp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cp)
+    tok, model = cp.load(str(tiny_checkpoint), None)
+    r = cp.probe(tok, model, n_tasks=2, samples=1, temperature=0.0, max_tokens=4, seed=0)
+    assert r["answers"] == 4 and r["tokens"] > 0  # 2 tasks x 2 orgs
+    assert r["with_function"] == 0  # 4 random tokens define no function
+    monkeypatch.setattr(tok, "decode", lambda *a, **k: f"Here:\n```python\n{HINTED}```")
+    r = cp.probe(tok, model, n_tasks=2, samples=1, temperature=0.0, max_tokens=4, seed=0)
+    assert (r["answers"], r["with_function"], r["type_hints"], r["docstrings"]) == (4, 4, 4, 0)
