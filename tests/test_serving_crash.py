@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,15 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_core.lake import Lake
+from rl_core.procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 AUTH = {"authorization": "Bearer rtrl-dev-token"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_gateway(port: int, log: Path) -> subprocess.Popen:
