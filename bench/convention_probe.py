@@ -43,12 +43,13 @@ def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens
     import torch
 
     from evals.tools import openai_tools
+    from rl_core import toolcalls
     from rl_core.serving.app import prompt_ids
     from rl_core.simulate.bank import load_bank
     from rl_core.simulate.personas import CONVENTIONS, PERSONAS, Org, User
     from rl_core.simulate.users import request_text
 
-    out = {"answers": 0, "with_function": 0, "type_hints": 0, "docstrings": 0, "tokens": 0, "seconds": 0.0}
+    out = {"answers": 0, "tool_calls": 0, "with_function": 0, "type_hints": 0, "docstrings": 0, "tokens": 0, "seconds": 0.0}
     for org_id in sorted(CONVENTIONS):
         user = User(f"{org_id}-probe", Org(org_id, "", CONVENTIONS[org_id]), PERSONAS["picky"], seed)
         for task in load_bank()[:n_tasks]:
@@ -63,9 +64,11 @@ def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens
                                          pad_token_id=tok.pad_token_id or tok.eos_token_id)  # [1, P+C]
                 out["seconds"] += time.perf_counter() - t0
                 out["tokens"] += gen.shape[1] - ids.shape[1]
-                text = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+                # the gateway's parser: a write_file call in the text is what the user would apply
+                text, calls = toolcalls.parse(tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=False))
                 out["answers"] += 1
-                code = answer_code(text, None)
+                out["tool_calls"] += bool(calls)
+                code = answer_code(text, calls)
                 if code is None or follows(code, "type_hints") is None:
                     continue
                 out["with_function"] += 1
@@ -90,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     name = args.model or args.gguf
     print(f"{name}: {args.tasks} bank tasks x 2 orgs x {args.samples} samples, T {args.temperature}, "
           f"{args.max_tokens} tokens; {r['tokens']} tokens in {r['seconds']:.0f} s\n")
-    print("| model | answers | define a function | all type-hinted | all with docstrings |")
-    print("|---|---:|---:|---:|---:|")
-    print(f"| {Path(name).name} | {r['answers']} | {r['with_function']} | {r['type_hints']} | {r['docstrings']} |")
+    print("| model | answers | with a tool call | define a function | all type-hinted | all with docstrings |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| {Path(name).name} | {r['answers']} | {r['tool_calls']} | {r['with_function']} | {r['type_hints']} | "
+          f"{r['docstrings']} |")
     return 0
 
 
