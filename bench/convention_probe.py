@@ -8,7 +8,9 @@ samples (bench/convention_rate.py counts that on a run's served traffic). This a
 model that is not serving yet, before anyone spends a cycle on it: each of the first --tasks bank tasks,
 asked by a picky user of each org (who says "Follow our conventions." without naming them, as the simulator
 does), rendered with the gateway's own prompt code (tools included), sampled --samples times. The code an
-answer would apply is judged by the simulator's check (rl_core/simulate/personas.py). Prints a markdown table.
+answer would apply is judged by the simulator's check (rl_core/simulate/personas.py). `--suite write_test`
+asks the eval suite's write-test tasks instead (the bank has none) and also counts the test style, pytest
+functions or unittest classes: a convention candidate. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -39,20 +41,48 @@ def load(model: str | None, gguf: str | None):
     return tok, m.eval()
 
 
-def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens: int, seed: int) -> dict:
+def test_style(source: str) -> str | None:
+    """"unittest" (a unittest.TestCase class), "pytest" (module-level test_ functions) or None (no tests)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).endswith("TestCase") for b in node.bases):
+            return "unittest"
+    if any(isinstance(n, ast.FunctionDef) and n.name.startswith("test") for n in tree.body):
+        return "pytest"
+    return None
+
+
+def requests(suite: str, n_tasks: int) -> list:
+    """The tasks asked: the simulator's bank, or the eval suite's write-test tasks (the bank has none)."""
+    from evals.tasks import load_tasks
+    from rl_core.simulate.bank import SimTask, load_bank
+
+    if suite == "bank":
+        return load_bank()[:n_tasks]
+    tasks = load_tasks(Path(__file__).resolve().parent.parent / "evals/tasks", kinds=["write_test"])
+    return [SimTask(t, False, "", None) for t in tasks[:n_tasks]]
+
+
+def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens: int, seed: int,
+          suite: str = "bank") -> dict:
     import torch
 
     from evals.tools import openai_tools
     from rl_core import toolcalls
     from rl_core.serving.app import prompt_ids
-    from rl_core.simulate.bank import load_bank
     from rl_core.simulate.personas import CONVENTIONS, PERSONAS, Org, User
     from rl_core.simulate.users import request_text
 
-    out = {"answers": 0, "tool_calls": 0, "with_function": 0, "type_hints": 0, "docstrings": 0, "tokens": 0, "seconds": 0.0}
+    out = {"answers": 0, "tool_calls": 0, "with_function": 0, "type_hints": 0, "docstrings": 0, "pytest": 0, "unittest": 0,
+           "tokens": 0, "seconds": 0.0}
     for org_id in sorted(CONVENTIONS):
         user = User(f"{org_id}-probe", Org(org_id, "", CONVENTIONS[org_id]), PERSONAS["picky"], seed)
-        for task in load_bank()[:n_tasks]:
+        for task in requests(suite, n_tasks):
             messages = [{"role": "user", "content": request_text(user, task)}]
             ids = torch.tensor([prompt_ids(tok, messages, openai_tools(task.task.tools))])  # [1, P]
             for k in range(samples):
@@ -69,6 +99,9 @@ def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens
                 out["answers"] += 1
                 out["tool_calls"] += bool(calls)
                 code = answer_code(text, calls)
+                style = test_style(code) if code else None
+                if style:
+                    out[style] += 1
                 if code is None or follows(code, "type_hints") is None:
                     continue
                 out["with_function"] += 1
@@ -82,21 +115,24 @@ def main(argv: list[str] | None = None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="an HF model folder (a registered checkpoint, var/models/...)")
     src.add_argument("--gguf", help="a GGUF file, dequantised to fp32 in memory")
-    ap.add_argument("--tasks", type=int, default=12, help="the first N tasks of the simulator's bank")
+    ap.add_argument("--suite", choices=("bank", "write_test"), default="bank",
+                    help="bank: the simulator's tasks; write_test: the eval suite's write-test tasks")
+    ap.add_argument("--tasks", type=int, default=12, help="the first N tasks of the suite")
     ap.add_argument("--samples", type=int, default=1, help="answers per task and org")
     ap.add_argument("--temperature", type=float, default=0.4)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     tok, model = load(args.model, args.gguf)
-    r = probe(tok, model, args.tasks, args.samples, args.temperature, args.max_tokens, args.seed)
+    r = probe(tok, model, args.tasks, args.samples, args.temperature, args.max_tokens, args.seed, args.suite)
     name = args.model or args.gguf
-    print(f"{name}: {args.tasks} bank tasks x 2 orgs x {args.samples} samples, T {args.temperature}, "
+    print(f"{name}: {args.tasks} {args.suite} tasks x 2 orgs x {args.samples} samples, T {args.temperature}, "
           f"{args.max_tokens} tokens; {r['tokens']} tokens in {r['seconds']:.0f} s\n")
-    print("| model | answers | with a tool call | define a function | all type-hinted | all with docstrings |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print(f"| {Path(name).name} | {r['answers']} | {r['tool_calls']} | {r['with_function']} | {r['type_hints']} | "
-          f"{r['docstrings']} |")
+    print("| model | suite | answers | with a tool call | define a function | all type-hinted | all with docstrings "
+          "| pytest-style tests | unittest classes |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {Path(name).name} | {args.suite} | {r['answers']} | {r['tool_calls']} | {r['with_function']} | "
+          f"{r['type_hints']} | {r['docstrings']} | {r['pytest']} | {r['unittest']} |")
     return 0
 
 

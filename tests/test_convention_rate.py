@@ -56,3 +56,16 @@ def test_convention_probe_samples_the_simulators_requests_and_judges_them(tiny_c
     monkeypatch.setattr(tok, "decode", lambda *a, **k: f"Here:\n```python\n{HINTED}```")
     r = cp.probe(tok, model, n_tasks=2, samples=1, temperature=0.0, max_tokens=4, seed=0)
     assert (r["answers"], r["with_function"], r["type_hints"], r["docstrings"]) == (4, 4, 4, 0)
+
+
+def test_convention_probe_tells_test_styles_apart():
+    spec = importlib.util.spec_from_file_location("convention_probe",
+                                                  Path(__file__).resolve().parent.parent / "bench/convention_probe.py")
+    cp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cp)
+    assert cp.test_style("from adder import add\n\ndef test_add():\n    assert add(2, 3) == 5\n") == "pytest"
+    assert cp.test_style("import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n        pass\n") == "unittest"
+    assert cp.test_style("def add(a, b):\n    return a + b\n") is None  # code, but no tests
+    assert cp.test_style("def test_(:\n") is None  # does not parse
+    tasks = cp.requests("write_test", 3)
+    assert len(tasks) == 3 and all(t.task.kind == "write_test" for t in tasks)
