@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from convention_rate import answer_code, follows  # noqa: E402
+from convention_rate import answer_code, count_code  # noqa: E402
 
 
 def load(model: str | None, gguf: str | None):
@@ -80,9 +80,10 @@ def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens
 
     out = {"answers": 0, "tool_calls": 0, "with_function": 0, "type_hints": 0, "docstrings": 0, "pytest": 0, "unittest": 0,
            "tokens": 0, "seconds": 0.0}
+    tasks = requests(suite, n_tasks)
     for org_id in sorted(CONVENTIONS):
         user = User(f"{org_id}-probe", Org(org_id, "", CONVENTIONS[org_id]), PERSONAS["picky"], seed)
-        for task in requests(suite, n_tasks):
+        for task in tasks:
             messages = [{"role": "user", "content": request_text(user, task)}]
             ids = torch.tensor([prompt_ids(tok, messages, openai_tools(task.task.tools))])  # [1, P]
             for k in range(samples):
@@ -102,11 +103,7 @@ def probe(tok, model, n_tasks: int, samples: int, temperature: float, max_tokens
                 style = test_style(code) if code else None
                 if style:
                     out[style] += 1
-                if code is None or follows(code, "type_hints") is None:
-                    continue
-                out["with_function"] += 1
-                out["type_hints"] += bool(follows(code, "type_hints"))
-                out["docstrings"] += bool(follows(code, "docstrings"))
+                count_code(out, code)
     return out
 
 

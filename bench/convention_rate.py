@@ -62,13 +62,18 @@ def rates(rows: list[dict]) -> list[dict]:
         o["answers"] += 1
         o["persisted"] += bool(r["edit_persisted"])
         o["reverted"] += bool(r["edit_reverted"])
-        code = answer_code(r["completion_text"], r["tool_calls"])
-        if code is None or follows(code, "type_hints") is None:
-            continue
-        o["with_function"] += 1
-        o["type_hints"] += bool(follows(code, "type_hints"))
-        o["docstrings"] += bool(follows(code, "docstrings"))
+        count_code(o, answer_code(r["completion_text"], r["tool_calls"]))
     return sorted(out.values(), key=lambda o: o["org"])
+
+
+def count_code(o: dict, code: str | None) -> None:
+    """Add one answer's code to o's with_function / type_hints / docstrings counts (nothing without a function)."""
+    hinted = follows(code, "type_hints") if code is not None else None
+    if hinted is None:
+        return
+    o["with_function"] += 1
+    o["type_hints"] += hinted
+    o["docstrings"] += bool(follows(code, "docstrings"))
 
 
 def main(argv: list[str] | None = None) -> int:

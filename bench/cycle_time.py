@@ -92,8 +92,9 @@ def training_compute_s(cfg, lake, run_id: str) -> float:
     if s.get("mlflow_run_id"):
         from rl_core.registry import store
 
+        client = store.client(cfg)
         for key in ("train/step_s", "step_s"):  # the trainer's name; "step_s" in runs before the train/ prefix
-            hist = store.client(cfg).get_metric_history(s["mlflow_run_id"], key)
+            hist = client.get_metric_history(s["mlflow_run_id"], key)
             if hist:
                 return sum(m.value for m in hist)
     tokens = (s.get("data") or {}).get("tokens")
