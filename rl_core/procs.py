@@ -23,13 +23,27 @@ def exit_on_sigterm() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C while inside: `finally` blocks run and stop the children, which live in
     their own sessions and so never see a signal sent to us (a scheduler's kill, `timeout`, Airflow's on_kill
     of a task that runs `rtrl train`). Python's default SIGTERM ends the process without unwinding. The
-    previous handler comes back on the way out (tests call the CLI in-process)."""
+    previous handler comes back on the way out (tests call the CLI in-process).
+    The exit code stays 143 even when the unwinding trips: the SystemExit lands wherever the main thread was
+    (inside an MLflow session, an import, a cleanup), and a `finally` there may raise something else in its
+    place. A caller that got SIGTERM must still see "terminated", not a traceback's 1."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    got: list[int] = []
+
+    def terminate(*_) -> None:
+        got.append(1)
+        sys.exit(143)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         yield
+    except Exception as exc:
+        if not got:
+            raise
+        print(f"[rtrl] stopping after SIGTERM, the unwinding raised {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise SystemExit(143) from exc
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -112,8 +112,8 @@ def test_sigterm_stops_the_experiment_and_every_process_it_started(own_processes
         assert port, "the experiment exited before its first cycle"
         assert len(own_processes()) >= 3  # the experiment, its gateway and its warm server at least
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)  # drains stderr while it unwinds
-        assert proc.returncode == 143
+        _, err = proc.communicate(timeout=120)  # drains stderr while it unwinds
+        assert proc.returncode == 143, err[-4000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

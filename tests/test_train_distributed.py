@@ -87,7 +87,9 @@ def test_crash_then_resume_matches_an_uninterrupted_run(registered, monkeypatch)
 
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-    assert s.loss == pytest.approx(full.loss, rel=1e-5)
+    # the mean loss is a near-zero sum of terms of size ~1 (-0.0012 here), so float32 reduction order (torch's
+    # thread split) moves it by ~1e-8: absolute tolerance, the weights above are the strict check
+    assert s.loss == pytest.approx(full.loss, rel=1e-5, abs=1e-6)
 
 
 def test_lora_saves_adapter_and_merged_checkpoint(registered):

@@ -249,8 +249,10 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
         if wproc:
             warm.wait_ready(wproc, sock, out_dir / "warm.log")
     except BaseException:
-        stop(proc)
-        warm.stop_server(wproc, sock)
+        try:
+            stop(proc)
+        finally:
+            warm.stop_server(wproc, sock)
         raise
     started_s = round(time.time() - t0, 1)
     try:
@@ -264,8 +266,10 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
             print_report(cfg, report)
             curves.append(cycle_metrics(cfg, k, report))
     finally:
-        stop(proc)
-        warm.stop_server(wproc, sock)
+        try:
+            stop(proc)
+        finally:  # the warm server goes too, even when stopping the gateway raised
+            warm.stop_server(wproc, sock)
     pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
     task_pair = paired(curves[0].user_task_reward, curves[-1].user_task_reward) if len(curves) > 1 else None
     png = plot(curves, out_dir / "learning_curves.png")
