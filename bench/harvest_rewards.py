@@ -136,7 +136,7 @@ def io_floor(cfg, start, end, run_id: str, out_dir: str) -> dict[str, float]:
 
     lake = Lake(cfg.lake_root)
     files = lake.list_window("interactions", start, end)
-    episodes = pq.read_table(episodes_path(lake, run_id))
+    episodes = lake.read_parquet(episodes_path(lake, run_id))
     scorer_cols = ["completion_text", "tool_calls", "messages", "followup_text"]
 
     def best(f) -> float:
