@@ -6,10 +6,11 @@ Generates a window of raw events with rl_core.simulate.synth (not timed), then t
 (DuckDB over the Parquet lake + Arrow-batch scorers, written atomically) and a plain-pandas implementation
 of the same selection, join, aggregation and signals (row-wise apply where pandas has nothing better,
 as one would write it), on the same data. The pandas rewards are checked against rtrl's (max |diff|).
-It also times the I/O floor at the pandas size: what any implementation that writes these episodes as Parquet
-with Arrow must spend (read the lake's columns, write the episodes uncompressed, read back what the scorers
-need), against the budget a 10x speed-up over pandas leaves. Prints markdown tables; the pandas run uses a subset by default (a million rows of token lists in pandas
-objects would exceed this machine's per-process memory share), so the ratio compares rates at equal size.
+It also times the I/O floor at the pandas size: what any implementation that writes these episodes as
+Parquet with Arrow must spend (read the lake's columns, write the episodes uncompressed, read back what the
+scorers need), against the budget a 10x speed-up over pandas leaves. Prints markdown tables; the pandas run
+uses a subset by default (a million rows of token lists in pandas objects would exceed this machine's
+per-process memory share), so the ratio compares rates at equal size.
 """
 
 from __future__ import annotations

@@ -7,10 +7,16 @@ import importlib.util
 import json
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("convention_rate",
-                                               Path(__file__).resolve().parent.parent / "bench/convention_rate.py")
-cr = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cr)
+
+def _bench(name: str):
+    """bench/<name>.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / f"bench/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cr = _bench("convention_rate")
 
 HINTED = "def area(w: float, h: float) -> float:\n    return w * h\n"
 DOCD = 'def area(w, h):\n    """Area."""\n    return w * h\n'
@@ -45,10 +51,7 @@ def test_counts_follow_the_simulators_check():
 def test_convention_probe_samples_the_simulators_requests_and_judges_them(tiny_checkpoint, monkeypatch):
     """bench/convention_probe.py on the tiny model: every request is answered and counted; the judge is
     convention_rate's, so an answer that writes a hinted function counts as hinted (planted via decode)."""
-    spec = importlib.util.spec_from_file_location("convention_probe",
-                                                  Path(__file__).resolve().parent.parent / "bench/convention_probe.py")
-    cp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cp)
+    cp = _bench("convention_probe")
     tok, model = cp.load(str(tiny_checkpoint), None)
     r = cp.probe(tok, model, n_tasks=2, samples=1, temperature=0.0, max_tokens=4, seed=0)
     assert r["answers"] == 4 and r["tokens"] > 0  # 2 tasks x 2 orgs
@@ -59,10 +62,7 @@ def test_convention_probe_samples_the_simulators_requests_and_judges_them(tiny_c
 
 
 def test_convention_probe_tells_test_styles_apart():
-    spec = importlib.util.spec_from_file_location("convention_probe",
-                                                  Path(__file__).resolve().parent.parent / "bench/convention_probe.py")
-    cp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cp)
+    cp = _bench("convention_probe")
     assert cp.test_style("from adder import add\n\ndef test_add():\n    assert add(2, 3) == 5\n") == "pytest"
     assert cp.test_style("import unittest\n\nclass T(unittest.TestCase):\n    def test_a(self):\n        pass\n") == "unittest"
     assert cp.test_style("def add(a, b):\n    return a + b\n") is None  # code, but no tests

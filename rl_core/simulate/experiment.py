@@ -244,18 +244,11 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
     # process that has already imported torch, DeepSpeed, transformers, GX and Airflow
     wproc, sock = warm.start_server(airflow_env(cfg), out_dir / "warm.log") if warm_start else (None, None)
     proc = None
-    try:
+    try:  # one cleanup for a failed start and for the end: the gateway, then the warm server even if that raised
         proc, url = gw.start_gateway(cfg, env, out_dir / "gateway.log")
         if wproc:
             warm.wait_ready(wproc, sock, out_dir / "warm.log")
-    except BaseException:
-        try:
-            stop(proc)
-        finally:
-            warm.stop_server(wproc, sock)
-        raise
-    started_s = round(time.time() - t0, 1)
-    try:
+        started_s = round(time.time() - t0, 1)
         for k in range(1, cycles + 1):
             print(f"[experiment] cycle {k}/{cycles} (gateway {url})", file=sys.stderr)
             report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
@@ -268,7 +261,7 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
     finally:
         try:
             stop(proc)
-        finally:  # the warm server goes too, even when stopping the gateway raised
+        finally:
             warm.stop_server(wproc, sock)
     pair = paired(curves[0].user_reward, curves[-1].user_reward) if len(curves) > 1 else None
     task_pair = paired(curves[0].user_task_reward, curves[-1].user_task_reward) if len(curves) > 1 else None
