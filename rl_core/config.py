@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("default", "tiny")
@@ -201,6 +201,24 @@ class ABConfig(Section):
     cuped_pre_hours: float = Field(168.0, gt=0)  # CUPED covariate: each user's outcomes in this span before `since`
 
 
+class Preference(Section):
+    """What simulated users want of an answer: one feature of rl_core/simulate/features.py, present or absent.
+    They say it only through feedback the gateway records (a thumbs per answer; a picky user reverts an edit
+    whose code breaks it), so the production reward code is what turns it into a reward."""
+
+    feature: str
+    want: bool = True
+
+    @field_validator("feature")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from rl_core.simulate.features import FEATURES  # stdlib-only module; imported here to keep config light
+
+        if v not in FEATURES:
+            raise ValueError(f"unknown answer feature {v!r}; known: {', '.join(sorted(FEATURES))}")
+        return v
+
+
 class SimulateConfig(Section):
     users: int = Field(20, gt=0)
     interactions: int = Field(200, gt=0)
@@ -215,6 +233,17 @@ class SimulateConfig(Section):
     # the bank's task ids users may ask (empty: all). bench/task_probe.py lists the tasks a model solves
     # sometimes: only there does its reward vary between answers, so only there can it learn
     tasks: list[str] = []
+    # a preference every user holds, and each org's convention (org_id -> preference); bench/feature_census.py
+    # measures which features the base model shows often enough for an update to learn from
+    preference: Preference | None = None
+    conventions: dict[str, Preference] = {}
+
+    @model_validator(mode="after")
+    def _conventions_of_known_orgs(self) -> SimulateConfig:
+        unknown = sorted(set(self.conventions) - set(self.orgs))
+        if unknown:
+            raise ValueError(f"conventions for {unknown}, which are not in simulate.orgs {self.orgs}")
+        return self
 
 
 class Config(Section):
@@ -386,7 +415,8 @@ def to_toml(cfg: Config) -> str:
             continue
         lines.append(f"\n[{section}]")
         for k, v in values.items():
-            lines.append(f"{k} = {_toml_value(v)}")
+            # TOML has no null: an unset optional key is shown as a comment
+            lines.append(f"# {k} unset" if v is None else f"{k} = {_toml_value(v)}")
     return "\n".join(lines) + "\n"
 
 

@@ -283,12 +283,13 @@ def wait_for_window(cfg) -> float:
 
 def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
               policy_version: int | None = None, gateway_url: str | None = None,
-              warm_socket: str | None = None) -> CycleReport:
+              warm_socket: str | None = None, run_dag: bool = True) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
     policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
     gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
     of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL.
-    warm_socket: a warm server (rl_core/warm.py) that forks `airflow dags test` and the trainer."""
+    warm_socket: a warm server (rl_core/warm.py) that forks `airflow dags test` and the trainer.
+    run_dag=False: traffic only (an experiment's last cycle measures the policy; nothing trains after it)."""
     from rl_core.collect.compact import compact
     from rl_core.init import init
     from rl_core.lake import Lake
@@ -334,6 +335,10 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)
     (cfg.home_path / "cycle-window-end").write_text(end_ts.isoformat())
     w = Window(start_ts, end_ts, run_id_for(start_ts, end_ts, cfg.airflow.schedule_hours))
+    if not run_dag:
+        report = summarize(cfg, w, 0)
+        report.interactions, report.seconds = n, secs
+        return report
     conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()}
                       | ({"policy_version": int(policy_version)} if policy_version else {}))
     dag_log = log_dir / "dags-test.log"

@@ -7,7 +7,16 @@ import pytest
 
 from evals.sandbox import Limits
 from evals.tools import run_tests
+from rl_core.config import Preference
 from rl_core.orgs.tasks import CONVENTION_TEST, org_tasks
+
+
+@pytest.fixture
+def cfg(cfg):
+    """The conventions an eval task can check (rtrl.toml's default conventions are answer features)."""
+    cfg.simulate.conventions = {"org-acme": Preference(feature="type_hints"),
+                                "org-globex": Preference(feature="docstrings")}
+    return cfg
 
 
 def hidden(task, files: dict[str, str]):

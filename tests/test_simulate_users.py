@@ -156,7 +156,7 @@ def test_picky_user_reverts_an_edit_that_breaks_the_org_convention():
     assert res.success
     res, _ = session("oracle", "sim-add", persona="patient", org=ACME)  # only picky users check
     assert res.success
-    assert GLOBEX.violations("def f():\n    return 1\n") == ["f has no docstring"]
+    assert GLOBEX.violations("def f():\n    return 1\n") == ["add docstrings"]
 
 
 def test_evasive_answer_is_dissatisfying():

@@ -1,10 +1,10 @@
 """An organisation's own eval tasks: the shared suite's tasks, judged by the org's conventions as well.
 
 Why: an org adapter earns its place by doing better on *its* organisation's work without losing on the
-shared suite. The simulator's organisations differ by convention (rl_core/simulate/personas.py: acme wants
-type hints, globex docstrings; their picky users revert edits that break it), so an org task is a shared
-task whose hidden tests also check that every function the episode added or changed follows the org's
-convention. The reference solution is rewritten to follow it, so every org task stays solvable (the
+shared suite. The simulator's organisations differ by convention (`[simulate] conventions`; their picky users
+revert edits that break it). Where the convention is one a test can check on code (type hints, docstrings),
+an org task is a shared task whose hidden tests also check that every function the episode added or changed
+follows it. The reference solution is rewritten to follow it, so every org task stays solvable (the
 oracle passes it). Functions left as they were are never judged; `self`/`cls` need no annotation.
 """
 
@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 
 from evals.tasks import Task, load_tasks
-from rl_core.simulate.personas import CONVENTIONS
 
 CONVENTION_TEST = "test_hidden_org_convention.py"
 
@@ -54,9 +53,15 @@ def test_org_convention():
 '''
 
 
-def convention_of(org_id: str) -> str:
-    """The org's convention ("type_hints", "docstrings" or "none" for an org the simulator does not know)."""
-    return CONVENTIONS.get(org_id, "none")
+REWRITABLE = ("type_hints", "docstrings")  # conventions a reference solution can be rewritten to follow
+
+
+def convention_of(cfg, org_id: str) -> str:
+    """The org's convention as an eval task can check it: "type_hints" or "docstrings" when the org wants one
+    of those (`[simulate] conventions`), else "none". Other answer features (comments, quotes, a summary line)
+    are measured on the org's own traffic (bench/feature_census.py, the experiment's sim/* rates) instead."""
+    p = cfg.simulate.conventions.get(org_id)
+    return p.feature if p is not None and p.want and p.feature in REWRITABLE else "none"
 
 
 def _follow(source: str, original: str, convention: str) -> str:
@@ -76,9 +81,8 @@ def _follow(source: str, original: str, convention: str) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def org_task(task: Task, org_id: str) -> Task:
+def org_task(task: Task, org_id: str, convention: str) -> Task:
     """The org's variant of a shared task (id `<task>@<org>`), or the task itself for a convention-less org."""
-    convention = convention_of(org_id)
     if convention == "none":
         return task
     checked = sorted(p for p in task.solution if p.endswith(".py") and not Path(p).name.startswith("test_"))
@@ -96,4 +100,4 @@ def org_tasks(cfg, org_id: str, limit: int | None = None) -> list[Task]:
     limit = cfg.eval.task_limit if limit is None else limit
     kinds = ["bugfix", "feature", "refactor", "write_test"]  # "ambiguous" tasks ask; they write no function
     base = load_tasks(cfg.path(cfg.eval.tasks_dir), kinds=kinds, limit=limit)  # kind-balanced subset
-    return [org_task(t, org_id) for t in base if t.solution]
+    return [org_task(t, org_id, convention_of(cfg, org_id)) for t in base if t.solution]

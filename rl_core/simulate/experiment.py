@@ -46,6 +46,10 @@ class CycleMetrics:
     user_task_reward: dict[str, float] = field(default_factory=dict)  # the same without the latency term
     seconds: dict[str, float] = field(default_factory=dict)
     no_edit_rate: float | None = None  # answers with no tool call and no complete code block (the monitors' rate)
+    verdicts: dict[str, bool] = field(default_factory=dict)  # the DAG's checks in this cycle (gate -> passed)
+    feature_rates: dict[str, dict] = field(default_factory=dict)  # feature -> Rate (k, n, rate, 95% CI) of answers
+    user_features: dict[str, dict[str, float]] = field(default_factory=dict)  # preferred feature -> user -> rate
+    window: list[str] = field(default_factory=list)  # [start, end) of the cycle's traffic, ISO
 
 
 @dataclass
@@ -108,6 +112,8 @@ def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
             # latency depends on machine load as much as on the policy: also pair without it
             r["task_reward"] = r["reward"] - cfg.rewards.weights.get("latency", 0.0) * r["latency"]
             m.user_task_reward = {u: float(x) for u, x in r.groupby("user_id")["task_reward"].mean().items()}
+        m.feature_rates, m.user_features = feature_rates(e, preferred_features(cfg))
+    m.verdicts, m.window = dict(report.verdicts or {}), [report.start, report.end]
     ev = read_verdict(lake, report.run_id, "eval")
     if ev is not None:
         m.eval_pass_rate = _num(ev.details.get("candidate_pass_rate"))
@@ -115,6 +121,29 @@ def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
     if lake.exists(summary):
         m.kl = _num(lake.read_json(summary).get("kl"))
     return m
+
+
+def preferred_features(cfg) -> list[str]:
+    """The features the simulated users hold a preference on (shared first, then the orgs' conventions)."""
+    s = cfg.simulate
+    names = ([s.preference.feature] if s.preference else []) + [p.feature for _, p in sorted(s.conventions.items())]
+    return list(dict.fromkeys(names))
+
+
+def feature_rates(episodes, per_user: list[str]) -> tuple[dict[str, dict], dict[str, dict[str, float]]]:
+    """Every feature's rate over a cycle's served answers (with its 95% Wilson CI), and for the preferred
+    features each user's own rate (for the paired test)."""
+    from rl_core.simulate.features import FEATURES, Rate, episode_features
+
+    feats = [episode_features(t, c) for t, c in zip(episodes["completion_text"], episodes["tool_calls"], strict=True)]
+    rates = {name: asdict(Rate.of(sum(f[name] for f in feats), len(feats))) for name in FEATURES}
+    users: dict[str, dict[str, float]] = {}
+    for name in per_user:
+        hits: dict[str, list[bool]] = {}
+        for u, f in zip(episodes["user_id"], feats, strict=True):
+            hits.setdefault(u, []).append(f[name])
+        users[name] = {u: sum(h) / len(h) for u, h in sorted(hits.items())}
+    return rates, users
 
 
 def _num(x) -> float | None:
@@ -203,6 +232,7 @@ def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, 
         for name in CURVES:
             if getattr(m, name) is not None:
                 c.log_metric(rid, name, getattr(m, name), step=m.cycle)
+    log_sim(cfg, c, rid, curves)
     for prefix, p in (("paired", pair), ("paired_task", task_pair)):
         if p is not None:
             for k, v in asdict(p).items():
@@ -212,6 +242,23 @@ def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, 
     c.log_dict(rid, [asdict(m) for m in curves], "curves.json")
     c.set_terminated(rid)
     return rid
+
+
+def log_sim(cfg, c, rid: str, curves: list[CycleMetrics]) -> None:
+    """What users got, as MLflow metrics grouped `sim/*` (step = cycle): the mean reward and every answer
+    feature's rate with its CI, on the experiment's run and on the run of each version that served a cycle
+    alone (so a version's page shows how its answers were received)."""
+    for m in curves:
+        sim = {"sim/mean_reward": m.mean_reward} | {
+            f"sim/{name}/{k}": r[k] for name, r in m.feature_rates.items() for k in ("rate", "ci_low", "ci_high")}
+        sim = {k: v for k, v in sim.items() if v is not None and math.isfinite(v)}
+        runs = [rid]
+        if len(m.served) == 1:  # one version served the whole cycle: its own run gets the numbers too
+            mv = c.get_model_version(cfg.mlflow.model_name, next(iter(m.served)))
+            runs += [mv.run_id] if mv.run_id else []
+        for run in runs:
+            for k, v in sim.items():
+                c.log_metric(run, k, float(v), step=m.cycle)
 
 
 def train_base(cfg, train_from: str) -> int | None:
@@ -224,8 +271,9 @@ def train_base(cfg, train_from: str) -> int | None:
     return version_for_alias(cfg, "challenger") or version_for_alias(cfg, "champion")
 
 
-def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
-                   train_from: str = "champion", warm_start: bool = True) -> tuple[list[CycleMetrics], Paired | None, str]:
+def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path, train_from: str = "champion",
+                   warm_start: bool = True, measure_last: bool = False) -> tuple[list[CycleMetrics], Paired | None, str]:
+    """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing."""
     from rl_core import warm
     from rl_core.cycle import airflow_env, print_report, run_cycle
     from rl_core.init import init
@@ -253,7 +301,8 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path,
             print(f"[experiment] cycle {k}/{cycles} (gateway {url})", file=sys.stderr)
             report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
                                policy_version=train_base(cfg, train_from), gateway_url=url,
-                               warm_socket=str(sock) if sock else None)
+                               warm_socket=str(sock) if sock else None,
+                               run_dag=not (measure_last and k == cycles))
             if k == 1:  # the one start-up belongs to the first cycle's time
                 report.seconds = {"gateway_start": started_s, **(report.seconds or {})}
             print_report(cfg, report)
@@ -290,6 +339,11 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cold", action="store_true",
                    help="start `airflow dags test` and the trainer as fresh processes each cycle instead of forking "
                         "them from a warm server that has the heavy modules imported (rl_core/warm.py)")
+    p.add_argument("--protocol", type=Path, default=None,
+                   help="run a pre-registered protocol file (bench/protocols/*.toml): its sizes, seeds and config "
+                        "replace the flags above; writes summary-seed<k>.json per seed, pooled.json, a plot")
+    p.add_argument("--seed", type=int, action="append", default=None,
+                   help="with --protocol: run only this seed of the protocol (repeatable; default all)")
     p.set_defaults(run=_run)
 
 
@@ -297,6 +351,15 @@ def _run(args) -> int:
     from rl_core.config import load_config
     from rl_core.procs import exit_on_sigterm
 
+    if args.protocol:
+        from rl_core.simulate import protocol
+
+        try:
+            with exit_on_sigterm():
+                return protocol.main(args.protocol, args.seed, None, Path(args.out) if args.out else None)
+        except (ValueError, OSError) as exc:  # a bad protocol file: name it, run nothing
+            print(f"rtrl experiment --protocol: {exc}", file=sys.stderr)
+            return 2
     if args.cycles < 1:
         print(f"rtrl experiment: --cycles must be >= 1, got {args.cycles}", file=sys.stderr)
         return 2

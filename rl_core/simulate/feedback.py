@@ -88,6 +88,12 @@ def edit_feedback(event_id: str, t: datetime, *, passed: bool, violations: list[
     return events, text
 
 
+def preference(event_id: str, t: datetime, liked: bool, n: int) -> Feedback:
+    """A thumbs on one answer for one preference the user holds: up when the answer has what they want.
+    n >= 1 (n 0 is the session-end rating), so each preference is its own event."""
+    return Feedback(event_id, "thumbs", t + timedelta(seconds=30 + n), value_bool=liked, n=n)
+
+
 def tool_result(event_id: str, t: datetime, ok: bool, n: int, error: str = "") -> Feedback:
     return Feedback(event_id, "tool_result", t + timedelta(milliseconds=200 + 50 * n), value_bool=ok,
                     text=None if ok else _short(error), n=n)

@@ -3,14 +3,17 @@ organisation (its bearer token and its coding conventions).
 
 Why personas: the reward signals differ by user. A patient user answers three clarifying questions, a terse one
 answers one and types three-word requests, a picky one reverts an edit that passes the tests but breaks the
-organisation's conventions. Seeded: the same seed gives the same users with the same personas.
+organisation's convention. Preferences (the org's convention, the one every user shares) are answer features
+(features.py) set in `[simulate]`; users show them only through feedback the gateway records.
+Seeded: the same seed gives the same users with the same personas.
 """
 
 from __future__ import annotations
 
-import ast
 import random
 from dataclasses import dataclass
+
+from rl_core.simulate.features import Answer, feature
 
 
 @dataclass(frozen=True)
@@ -32,40 +35,65 @@ PERSONAS: dict[str, Persona] = {
 
 
 @dataclass(frozen=True)
+class Pref:
+    """A wish about answers: feature (rl_core/simulate/features.py) present (want) or absent."""
+
+    feature: str
+    want: bool = True
+
+    def holds(self, answer: Answer) -> bool:
+        return feature(self.feature).check(answer) == self.want
+
+    def complaint(self) -> str:
+        f = feature(self.feature)
+        return f.describe if self.want else f"do not {f.describe}"
+
+
+def _pref(p: Pref | str | None) -> Pref | None:
+    """A Pref from config, a bare feature name (wanted), or "none"/None."""
+    if p is None or p == "none":
+        return None
+    return p if isinstance(p, Pref) else Pref(feature(p).name)
+
+
+@dataclass(frozen=True)
 class Org:
-    """An organisation: its token (the gateway derives org_id from it) and the convention it enforces."""
+    """An organisation: its token (the gateway derives org_id from it), its convention, and the preference
+    every user shares (`[simulate] preference`), both expressed only through recorded feedback."""
 
     org_id: str
     token: str
-    convention: str  # "type_hints" | "docstrings" | "none"
+    convention: Pref | None = None  # also accepts a feature name ("type_hints") for convenience
+    shared: Pref | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "convention", _pref(self.convention))
+        object.__setattr__(self, "shared", _pref(self.shared))
+
+    @property
+    def prefs(self) -> list[Pref]:
+        return [p for p in (self.shared, self.convention) if p is not None]
 
     def violations(self, source: str) -> list[str]:
-        """Convention breaches of an edited file, as sentences a reviewer would write (empty when fine)."""
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            return []  # a syntax error is the tests' business, not the style reviewer's
-        out = []
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef):
-                continue
-            if self.convention == "type_hints" and (node.returns is None or any(a.annotation is None for a in node.args.args)):
-                out.append(f"{node.name} has no type hints")
-            if self.convention == "docstrings" and ast.get_docstring(node) is None:
-                out.append(f"{node.name} has no docstring")
-        return out
-
-
-CONVENTIONS = {"org-acme": "type_hints", "org-globex": "docstrings"}
+        """Convention breaches of an edited file, as a reviewer would say them (empty when fine). Only a
+        convention judged on code counts here: a picky user reverts the edit for it."""
+        c = self.convention
+        if c is None or not feature(c.feature).on_code or not source.strip():
+            return []
+        return [] if c.holds(Answer(f"```python\n{source}\n```")) else [c.complaint()]
 
 
 def orgs_from_config(cfg) -> list[Org]:
-    """The simulated orgs (cfg.simulate.orgs), each with a token from cfg.serving.tokens that maps to it."""
+    """The simulated orgs (cfg.simulate.orgs), each with a token from cfg.serving.tokens that maps to it, its
+    convention (cfg.simulate.conventions) and the shared preference (cfg.simulate.preference)."""
     by_org = {org: tok for tok, org in sorted(cfg.serving.tokens.items())}
     missing = [o for o in cfg.simulate.orgs if o not in by_org]
     if missing:
         raise ValueError(f"simulate.orgs {missing} have no bearer token in serving.tokens; add one per org")
-    return [Org(o, by_org[o], CONVENTIONS.get(o, "none")) for o in cfg.simulate.orgs]
+    s = cfg.simulate
+    shared = Pref(s.preference.feature, s.preference.want) if s.preference else None
+    conv = {o: Pref(p.feature, p.want) for o, p in s.conventions.items()}
+    return [Org(o, by_org[o], conv.get(o), shared) for o in s.orgs]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -27,9 +26,9 @@ from rl_core import toolcalls
 from rl_core.schema import now_utc
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import SimTask
+from rl_core.simulate.features import CODE_BLOCK_RE, Answer
 from rl_core.simulate.personas import User
 
-CODE_BLOCK_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 TEST_LIMITS = sandbox.Limits(timeout_s=5.0, memory_mb=512)
 OUTCOMES = ("edit_passed", "edit_failed", "edit_convention", "broken_tool", "clarifying", "evasive", "tool_only")
 
@@ -139,7 +138,18 @@ def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budge
 def react(user: User, task: SimTask, ws: Workspace, reply: Reply, t: datetime, rng: random.Random,
           asked: int) -> tuple[list[fb.Feedback], str, str | None, list[dict]]:
     """(feedback events, outcome, the user's next message or None, tool messages) for one assistant turn: how this
-    user judges a reply (also bench/task_probe.py's judge, so the probe and the simulator never disagree)."""
+    user judges a reply (also bench/task_probe.py's judge, so the probe and the simulator never disagree).
+    A user who holds preferences (the shared one, the org's convention) also rates the answer by each: a
+    thumbs up when it has what they want, down when not. No random draw: seeded sessions stay as they were."""
+    events, outcome, say, tool_msgs = _judge(user, task, ws, reply, t, rng, asked)
+    answer = Answer(reply.text, reply.tool_calls)
+    rated = [fb.preference(reply.event_id, t, p.holds(answer), n) for n, p in enumerate(user.org.prefs, start=1)]
+    return events + rated, outcome, say, tool_msgs
+
+
+def _judge(user: User, task: SimTask, ws: Workspace, reply: Reply, t: datetime, rng: random.Random,
+           asked: int) -> tuple[list[fb.Feedback], str, str | None, list[dict]]:
+    """The task's verdict on one turn: tool results, the edit applied and tested, or what the user says."""
     events: list[fb.Feedback] = []
     tool_msgs: list[dict] = []
     edited, broken = False, []

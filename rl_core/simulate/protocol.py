@@ -1,0 +1,276 @@
+"""`rtrl experiment --protocol FILE`: a pre-registered learning experiment, run as written, reported whole.
+
+Why a protocol file: a claim that the loop learns is only worth what its test is worth. Choosing the sizes,
+the seeds or the metric after seeing runs (or running until one seed looks good) turns noise into results.
+So the flags, sizes, seeds, config, the preferred feature, the primary metric and the success rule live in
+one TOML file that is committed before the runs it reports; this module runs exactly that, one fresh
+RTRL_HOME per seed, and writes a machine-readable summary per seed (the paired difference, its SE and 95% CI,
+the feature rates per cycle, every gate's verdict, the A/B decision) that docs/results/ keeps verbatim.
+
+The test, per seed: users are seeded, so each user's mean reward under v1 (cycle 1) is paired with the same
+user's under the last policy (last cycle); a paired t interval. Pooled: the seeds' per-user differences
+together (different users per seed). The final cycle only serves and is measured (`measure_last`): the
+monitors then judge it (production code, judging only), and `rtrl ab` compares v1's logged traffic with the
+last policy's over the whole experiment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl_core.config import REPO_ROOT
+from rl_core.simulate.experiment import CycleMetrics, Paired, paired
+
+
+class Protocol(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    question: str
+    registered: str  # the date it was written, before any run it reports
+    seeds: list[int] = Field(min_length=1)
+    cycles: int = Field(2, ge=2)
+    interactions: int = Field(gt=0)
+    users: int = Field(gt=1)
+    challenger_share: float = Field(1.0, gt=0, le=1)
+    train_from: Literal["champion", "latest"] = "latest"
+    measure_last: bool = True
+    feature: str  # the preferred feature whose rate must move (checked against the config's preferences)
+    primary: Literal["mean_reward"] = "mean_reward"
+    success: str  # the rule, in words, as registered
+    min_seeds_excluding_zero: int = Field(2, ge=1)
+    config: dict[str, dict] = {}  # rtrl.toml sections -> keys: applied to every run as RTRL_<S>__<K>
+
+
+def load_protocol(path: Path) -> Protocol:
+    """The protocol at path, validated; its config overrides are validated by the Config model too."""
+    from rl_core.config import load_config
+
+    try:
+        proto = Protocol(**tomllib.loads(path.read_text())["protocol"])
+    except (KeyError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"{path}: not a protocol file (a [protocol] table is needed): {exc}") from None
+    cfg = load_config(environ={**os.environ, **env_of(proto, proto.seeds[0])})
+    prefs = {p.feature for p in [cfg.simulate.preference, *cfg.simulate.conventions.values()] if p}
+    if proto.feature not in prefs:
+        raise ValueError(f"{path}: protocol.feature {proto.feature!r} is not a preference of its config ({prefs})")
+    return proto
+
+
+def env_of(proto: Protocol, seed: int) -> dict[str, str]:
+    """The environment a seed's run is configured by (the config overrides, the seed, the experiment's sizes)."""
+    env = {f"RTRL_{sec.upper()}__{key.upper()}": v if isinstance(v, str) else json.dumps(v)
+           for sec, keys in proto.config.items() for key, v in keys.items()}
+    return env | {"RTRL_SIMULATE__SEED": str(seed), "RTRL_SIMULATE__USERS": str(proto.users),
+                  "RTRL_SERVING__CHALLENGER_SHARE": str(proto.challenger_share)}
+
+
+def _git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def judge_last(cfg, curves: list[CycleMetrics]) -> dict:
+    """The production checks on the measured last cycle: the monitors (v1 as the parent) over what it served,
+    and `rtrl ab` over the whole experiment (v1's traffic as the champion arm, the last policy's as the
+    challenger arm), applied: a promote moves `champion`."""
+    from rl_core.registry.ab import ab_verdict, apply_verdict
+    from rl_core.rewards.monitors import run_monitors
+
+    first, last = curves[0], curves[-1]
+    mon = run_monitors(cfg, f"{last.run_id}-served", parent_version=1)
+    ab = ab_verdict(cfg, datetime.fromisoformat(first.window[0]), datetime.fromisoformat(last.window[1]))
+    action = apply_verdict(cfg, ab)
+    return {"monitors": {"passed": mon.passed, "reasons": mon.reasons, "compared": mon.details.get("compared"),
+                         "tripped": mon.details.get("tripped")},
+            "ab": {"command": f"rtrl ab --since {first.window[0]} --until {last.window[1]} --apply",
+                   "decision": ab.decision, "reasons": ab.reasons, "n": ab.n, "action": str(action),
+                   "champion_version": ab.champion_version, "challenger_version": ab.challenger_version,
+                   "metrics": {k: m.model_dump() for k, m in ab.metrics.items()}}}
+
+
+def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetrics], judged: dict,
+                 minutes: float) -> dict:
+    """Everything the success rule reads, for one seed."""
+    first, last = curves[0], curves[-1]
+    pair = paired(first.user_reward, last.user_reward)
+    fpair = paired(first.user_features.get(proto.feature, {}), last.user_features.get(proto.feature, {}))
+    evals = {c.cycle: c.verdicts.get("eval") for c in curves if "eval" in c.verdicts}
+    return {
+        "protocol": proto.name, "protocol_file": str(path), "seed": seed, "minutes": round(minutes, 1),
+        "protocol_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "commit": _git_commit(),
+        "primary": _pair(pair), "feature": proto.feature, "feature_rate_paired": _pair(fpair),
+        "user_diffs": {u: last.user_reward[u] - first.user_reward[u]
+                       for u in sorted(set(first.user_reward) & set(last.user_reward))},
+        "cycles": [{"cycle": c.cycle, "run_id": c.run_id, "dag_rc": c.dag_rc, "served": c.served,
+                    "mean_reward": c.mean_reward, "episodes": c.episodes, "kl": c.kl, "new_version": c.new_version,
+                    "verdicts": c.verdicts, "eval_pass_rate": c.eval_pass_rate, "no_edit_rate": c.no_edit_rate,
+                    "feature_rates": c.feature_rates, "reward_ci": _mean_ci(list(c.user_reward.values()))}
+                   for c in curves],
+        **judged,
+        "checks": {
+            "ci_excludes_zero": bool(pair and pair.ci_low > 0),
+            "feature_rises": bool(fpair and fpair.ci_low > 0),
+            "eval_no_regression": bool(evals) and all(evals.values()),
+            "every_dag_ok": all(c.dag_rc == 0 for c in curves),
+            "monitors_pass": judged["monitors"]["passed"],
+            "ab_promotes": judged["ab"]["decision"] == "promote",
+        },
+    }
+
+
+def _pair(p: Paired | None) -> dict | None:
+    return None if p is None else {**p.__dict__, "excludes_zero": p.excludes_zero}
+
+
+def _mean_ci(xs: list[float]) -> list[float] | None:
+    """Mean of per-user values with a normal 95% interval (for the plot's error bars)."""
+    if len(xs) < 2:
+        return None
+    m = sum(xs) / len(xs)
+    se = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) ** 0.5
+    return [m - 1.96 * se, m + 1.96 * se]
+
+
+def pooled(summaries: list[dict], proto: Protocol) -> dict:
+    """The success rule over all seeds: per-seed CIs, and the pooled paired CI of every seed's users."""
+    from scipy import stats
+
+    d = [x for s in summaries for x in s["user_diffs"].values()]
+    n = len(d)
+    mean = sum(d) / n
+    se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5
+    t = float(stats.t.ppf(0.975, n - 1))
+    seeds_ok = sum(bool(s["primary"] and s["primary"]["ci_low"] > 0) for s in summaries)
+    out = {"protocol": proto.name, "seeds": [s["seed"] for s in summaries], "n_users": n, "diff": mean, "se": se,
+           "ci_low": mean - t * se, "ci_high": mean + t * se, "seeds_excluding_zero": seeds_ok}
+    out["success"] = bool(len(summaries) == len(proto.seeds) and seeds_ok >= proto.min_seeds_excluding_zero
+                          and out["ci_low"] > 0
+                          and all(s["checks"][k] for s in summaries for k in s["checks"] if k != "ci_excludes_zero"))
+    return out
+
+
+def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> dict:
+    """One seed's run in its own RTRL_HOME, as the protocol says; writes summary-seed<k>.json."""
+    from rl_core.config import load_config
+    from rl_core.simulate.experiment import run_experiment
+
+    env = env_of(proto, seed) | {"RTRL_HOME": str(home)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the gateway and `airflow dags test` are subprocesses: they read the environment
+    try:
+        cfg = load_config()
+        t0 = time.time()
+        curves, _, _ = run_experiment(cfg, proto.cycles, proto.interactions, out / f"seed-{seed}", proto.train_from,
+                                      measure_last=proto.measure_last)
+        judged = judge_last(cfg, curves)
+        summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    (out / f"summary-seed{seed}.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+def run_protocol(path: Path, seeds: list[int] | None, home: Path | None, out: Path) -> list[dict]:
+    proto = load_protocol(path)
+    todo = seeds or proto.seeds
+    unknown = sorted(set(todo) - set(proto.seeds))
+    if unknown:
+        raise ValueError(f"--seed {unknown}: not in the protocol's seeds {proto.seeds}")
+    out.mkdir(parents=True, exist_ok=True)
+    root = home or Path(os.environ.get("RTRL_HOME", "var")) / "protocols" / proto.name
+    done = []
+    for seed in todo:
+        print(f"[protocol] {proto.name}: seed {seed} (RTRL_HOME {root / f'seed-{seed}'})", file=sys.stderr)
+        done.append(run_seed(proto, path, seed, root / f"seed-{seed}", out))
+    return done
+
+
+def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
+    """Learning curves of a protocol: mean reward per cycle (95% CI over users) and each preferred feature's
+    rate per cycle (95% Wilson CI), one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: files only
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 1 + len(features), figsize=(5 * (1 + len(features)), 4), squeeze=False)
+    for s in summaries:
+        cyc = [c["cycle"] for c in s["cycles"]]
+        ys = [c["mean_reward"] for c in s["cycles"]]
+        err = [[y - c["reward_ci"][0], c["reward_ci"][1] - y] if c["reward_ci"] else [0, 0]
+               for y, c in zip(ys, s["cycles"], strict=True)]
+        axes[0][0].errorbar(cyc, ys, yerr=list(zip(*err, strict=True)), marker="o", capsize=3, label=f"seed {s['seed']}")
+        for ax, name in zip(axes[0][1:], features, strict=True):
+            r = [c["feature_rates"][name] for c in s["cycles"]]
+            ax.errorbar(cyc, [x["rate"] for x in r], capsize=3, marker="o", label=f"seed {s['seed']}",
+                        yerr=[[x["rate"] - x["ci_low"] for x in r], [x["ci_high"] - x["rate"] for x in r]])
+    axes[0][0].set_title("mean reward (95% CI over users)")
+    for ax, name in zip(axes[0][1:], features, strict=True):
+        ax.set_title(f"{name} rate (95% CI)")
+        ax.set_ylim(0, 1)
+    for ax in axes[0]:
+        ax.set_xticks(sorted({c["cycle"] for s in summaries for c in s["cycles"]}))
+        ax.set_xlabel("cycle (1 = base v1)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(summaries[0]["protocol"] if summaries else "")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(summaries: list[dict], pool: dict | None) -> str:
+    """One row per seed (the registered test and every check), then the pooled line."""
+    f = "{:+.3f}".format
+    lines = ["| seed | users | v1 reward | last reward | paired diff | 95% CI | feature rate first -> last | "
+             "eval | monitors | A/B | minutes |", "|" + "---|" * 11]
+    for s in summaries:
+        p, first, last = s["primary"], s["cycles"][0], s["cycles"][-1]
+        fr0, fr1 = first["feature_rates"][s["feature"]], last["feature_rates"][s["feature"]]
+        ck = s["checks"]
+        lines.append(
+            f"| {s['seed']} | {p['n_users'] if p else 0} | {f(p['first_mean']) if p else 'n/a'} | "
+            f"{f(p['last_mean']) if p else 'n/a'} | {f(p['diff']) if p else 'n/a'} | "
+            + (f"[{f(p['ci_low'])}, {f(p['ci_high'])}]" if p else "n/a")
+            + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {'ok' if ck['eval_no_regression'] else 'REGRESSION'} | "
+            f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
+    if pool:
+        lines += ["", f"pooled over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
+                      f"(SE {pool['se']:.3f}, 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); "
+                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero; success: {pool['success']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | None) -> int:
+    """`rtrl experiment --protocol FILE [--seed K ...]`: run the seeds, then summarise every seed found in out."""
+    proto = load_protocol(path)
+    out = out or Path(os.environ.get("RTRL_HOME", "var")) / "protocols" / proto.name / "out"
+    run_protocol(path, seeds, home, out)
+    summaries = [json.loads((out / f"summary-seed{k}.json").read_text()) for k in proto.seeds
+                 if (out / f"summary-seed{k}.json").exists()]
+    pool = pooled(summaries, proto) if summaries and sum(len(s["user_diffs"]) for s in summaries) > 1 else None
+    if pool:
+        (out / "pooled.json").write_text(json.dumps(pool, indent=1))
+    features = [proto.feature]
+    png = plot(summaries, features, out / "learning_curves.png")
+    md = markdown(summaries, pool)
+    (out / "results.md").write_text(md)
+    print(md + f"\nsummaries and plot: {out} ({png.name})")
+    return 0 if all(s["checks"]["every_dag_ok"] for s in summaries) else 1

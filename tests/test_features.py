@@ -1,0 +1,139 @@
+"""Answer features and the simulator's preferences: each check says yes and no on answers written for it; a
+preference is validated like every config key; users express it only through thumbs and reverted edits;
+the census counts features on answers served through the real gateway."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rl_core import toolcalls
+from rl_core.config import ConfigError, load_config
+from rl_core.simulate import feedback as fb
+from rl_core.simulate.bank import load_bank
+from rl_core.simulate.features import FEATURES, Rate, episode_features, feature, features_of
+from rl_core.simulate.personas import PERSONAS, Org, Pref, User
+from rl_core.simulate.users import Reply, run_session
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def block(code: str, lang: str = "python") -> str:
+    return f"```{lang}\n{code}```"
+
+
+# feature -> (an answer that has it, one that does not)
+CASES = {
+    "inline_comment": (block("x = 1  # one\n"), block("x = 1\n")),
+    "fstring": (block('s = f"{x}"\n'), block('s = "%s" % x\n')),
+    "double_quotes": (block('a = "x"\nb = "y"\n'), block("a = \"x\"\nb = 'y'\n")),
+    "single_quotes": (block("a = 'x'\n"), block('a = "x"\n')),
+    "summary_first": ("This fixes the sign.\n" + block("x = 1\n"), block("x = 1\n") + "\nDone."),
+    "prose_after_code": (block("x = 1\n") + "\nThis sets x.", "Here:\n" + block("x = 1\n")),
+    "short_answer": ("Use `abs`.", " ".join(["word"] * 41)),
+    "python_fence": (block("x = 1\n"), block("x = 1\n", lang="")),
+    "code_block": (block("x = 1\n"), "Change the sign."),
+    "early_return": (block("def f(x):\n    if x < 0:\n        return 0\n    return x\n"),
+                     block("def f(x):\n    return max(x, 0)\n")),
+    "main_guard": (block("if __name__ == '__main__':\n    main()\n"), block("main()\n")),
+    "test_included": (block("def test_f():\n    assert f(1) == 1\n"), block("def f(x):\n    return x\n")),
+    "print_call": (block("print(f(1))\n"), block("y = f(1)\n")),
+    "bullet_list": ("- first\n- second", "First, then second."),
+    "type_hints": (block("def f(x: int) -> int:\n    return x\n"), block("def f(x):\n    return x\n")),
+    "docstrings": (block('def f(x):\n    """Id."""\n    return x\n'), block("def f(x):\n    return x\n")),
+}
+
+
+def test_every_feature_has_a_case_and_at_least_twelve_exist():
+    assert set(CASES) | {"tool_call"} == set(FEATURES) and len(FEATURES) >= 12  # tool_call: test below
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_feature_says_yes_and_no(name):
+    yes, no = CASES[name]
+    assert features_of(yes)[name] is True, yes
+    assert features_of(no)[name] is False, no
+
+
+def test_tool_call_features_read_the_written_code():
+    call = {"function": {"name": "write_file", "arguments": json.dumps({"path": "a.py", "content": "x = 1  # c\n"})}}
+    f = features_of("Writing it.", [call])
+    assert f["tool_call"] and f["inline_comment"] and not f["code_block"] and not features_of("Writing it.")["tool_call"]
+    # the lake keeps the engine's raw text: the episode is split as the gateway splits it
+    raw = "Writing it." + toolcalls.render_tool_call({"name": "write_file", "arguments": {"path": "a.py",
+                                                                                       "content": "x = 1  # c\n"}})
+    assert episode_features(raw) == f
+
+
+def test_unknown_feature_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown answer feature 'emoji'.*inline_comment"):
+        feature("emoji")
+
+
+def test_preferences_are_validated_like_every_config_key(tmp_path):
+    bad = tmp_path / "rtrl.toml"
+    bad.write_text('[simulate]\npreference = { feature = "emoji" }\n')
+    with pytest.raises(ConfigError, match=r"\[simulate\] preference\.feature.*unknown answer feature 'emoji'"):
+        load_config(bad, environ={})
+    with pytest.raises(ConfigError, match="conventions for \\['org-nobody'\\]"):
+        load_config(REPO / "rtrl.toml",
+                    environ={"RTRL_SIMULATE__CONVENTIONS": '{"org-nobody": {"feature": "fstring"}}'})
+    ok = load_config(REPO / "rtrl.toml", environ={"RTRL_SIMULATE__PREFERENCE": '{"feature": "fstring", "want": false}'})
+    assert ok.simulate.preference.feature == "fstring" and ok.simulate.preference.want is False
+
+
+def test_wilson_interval_is_sane_at_the_edges():
+    assert Rate.of(0, 20).ci_low == 0.0 and 0 < Rate.of(0, 20).ci_high < 0.2
+    r = Rate.of(50, 100)
+    assert r.rate == 0.5 and r.ci_low == pytest.approx(0.404, abs=1e-3) and r.ci_high == pytest.approx(0.596, abs=1e-3)
+
+
+class Answers:
+    """A Chat that answers every turn with one fixed text (event ids from the seed)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __call__(self, user, session_id, turn, messages, tools, seed):
+        return Reply(f"ev-{seed}", self.text, [], 5.0, 1)
+
+
+def _session(org: Org, text: str, persona: str = "patient", seed: int = 3) -> list[fb.Feedback]:
+    task = next(t for t in load_bank() if t.id == "sim-add")
+    events: list[fb.Feedback] = []
+    run_session(User("u1", org, PERSONAS[persona], seed), task, Answers(text), lambda u, ev: events.extend(ev),
+                budget=3, max_turns=3, rng=random.Random(seed))
+    return events
+
+
+def test_a_preference_is_a_thumbs_on_every_answer_and_changes_nothing_else():
+    plain = Org("org-acme", "tok")
+    liked = Org("org-acme", "tok", shared=Pref("summary_first"))
+    disliked = Org("org-acme", "tok", shared=Pref("summary_first", want=False))
+    text = "I would look at the function first."  # no code: evasive, every turn
+    base, up, down = _session(plain, text), _session(liked, text), _session(disliked, text)
+    rated = [e for e in up if e.kind == "thumbs" and e.n >= 1]
+    assert len(rated) == sum(e.kind == "followup_message" for e in base) >= 2  # one per answer
+    assert all(e.value_bool is False for e in rated)  # no code block: no summary before it
+    assert all(e.value_bool is True for e in down if e.kind == "thumbs" and e.n >= 1)
+    strip = [e for e in up if not (e.kind == "thumbs" and e.n >= 1)]
+    def same(events):  # everything but the wall-clock timestamps
+        return [{k: v for k, v in e.body().items() if k != "ts"} for e in events]
+
+    assert same(strip) == same(base)  # the seeded session is otherwise unchanged
+    assert len({e.feedback_id for e in up}) == len(up)  # each rating is its own event
+
+
+def test_a_picky_user_reverts_a_passing_edit_that_breaks_a_code_convention():
+    task = next(t for t in load_bank() if t.id == "sim-add")
+    fix = task.task.solution[task.target]
+    commented = Org("org-acme", "tok", Pref("inline_comment"))
+    events = _session(commented, block(fix), persona="picky")
+    assert "edit_reverted" in [e.kind for e in events]
+    text = next(e.text for e in events if e.kind == "followup_message")
+    assert "comment the code" in text
+    ok = _session(commented, block(fix.rstrip("\n") + "  # the sum\n"), persona="picky")
+    assert "edit_persisted" in [e.kind for e in ok]

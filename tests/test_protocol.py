@@ -1,0 +1,116 @@
+"""Pre-registered protocols: a bad file is refused before anything runs; the summary, the pooled test and the
+plot say what the registered rule reads; the tiny protocol runs end to end (very slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rl_core.simulate.experiment import CycleMetrics
+from rl_core.simulate.protocol import env_of, load_protocol, markdown, plot, pooled, seed_summary
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "bench/protocols/tiny.toml"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "p.toml"
+    p.write_text(text)
+    return p
+
+
+def test_every_shipped_protocol_loads(cfg):
+    for path in sorted((REPO / "bench/protocols").glob("*.toml")):
+        proto = load_protocol(path)
+        assert proto.seeds and proto.feature and env_of(proto, proto.seeds[0])["RTRL_SIMULATE__SEED"]
+
+
+def test_a_bad_protocol_is_refused_naming_what_is_wrong(cfg, tmp_path):
+    base = TINY.read_text()
+    with pytest.raises(ValueError, match="typo"):
+        load_protocol(_write(tmp_path, base.replace("cycles = 2", "cycles = 2\ntypo = 1")))
+    with pytest.raises(ValueError, match="protocol.feature 'fstring' is not a preference"):
+        load_protocol(_write(tmp_path, base.replace('feature = "code_block"\nprimary', 'feature = "fstring"\nprimary')))
+    with pytest.raises(ValueError, match="unknown answer feature 'emoji'"):
+        load_protocol(_write(tmp_path, base.replace('preference = { feature = "code_block"',
+                                                     'preference = { feature = "emoji"')))
+    with pytest.raises(ValueError, match="a \\[protocol\\] table is needed"):
+        load_protocol(_write(tmp_path, "[other]\nx = 1\n"))
+
+
+def test_the_cli_exits_2_on_a_bad_protocol_and_runs_nothing(cfg, tmp_path, capsys):
+    from rl_core.cli import main
+
+    rc = main(["experiment", "--protocol", str(_write(tmp_path, "[other]\n")), "--out", str(tmp_path / "out")])
+    assert rc == 2 and "a [protocol] table is needed" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _cycle(k: int, rewards: dict[str, float], rate: float, verdicts: dict[str, bool]) -> CycleMetrics:
+    n = 40
+    fr = {"code_block": {"k": int(rate * n), "n": n, "rate": rate, "ci_low": rate - 0.1, "ci_high": rate + 0.1}}
+    return CycleMetrics(k, f"cycle-{k}", 0, n, n, sum(rewards.values()) / len(rewards), 0.1, 0.0, 0.0, 0.0, 0.01,
+                        k + 1, {}, {str(k): n}, user_reward=rewards, verdicts=verdicts, feature_rates=fr,
+                        user_features={"code_block": {u: rate for u in rewards}}, window=["a", "b"])
+
+
+def _summary(seed: int, diffs: list[float]) -> dict:
+    proto = load_protocol(TINY)
+    first = {f"u{i}": 0.0 for i in range(len(diffs))}
+    last = {f"u{i}": d for i, d in enumerate(diffs)}
+    curves = [_cycle(1, first, 0.3, {"eval": True, "monitors": True}), _cycle(2, last, 0.6, {})]
+    curves[1].user_features = {"code_block": {u: 0.3 + 0.1 * (i % 3 + 1) for i, u in enumerate(last)}}
+    judged = {"monitors": {"passed": True, "reasons": []}, "ab": {"decision": "promote"}}
+    return seed_summary(proto, TINY, seed, curves, judged, 12.0)
+
+
+def test_seed_summary_pairs_users_and_records_every_check(cfg):
+    s = _summary(0, [0.1, 0.2, 0.3, 0.2])
+    assert s["primary"]["n_users"] == 4 and s["primary"]["diff"] == pytest.approx(0.2)
+    assert s["primary"]["excludes_zero"] and s["checks"]["ci_excludes_zero"]
+    assert s["checks"] == {"ci_excludes_zero": True, "feature_rises": True, "eval_no_regression": True,
+                           "every_dag_ok": True, "monitors_pass": True, "ab_promotes": True}
+    assert len(s["protocol_sha256"]) == 64 and s["commit"]
+    json.dumps(s)  # machine-readable as it is
+
+
+def test_pooled_rule_needs_enough_seeds_and_a_pooled_interval_above_zero(cfg):
+    proto = load_protocol(TINY)
+    good = _summary(0, [0.1, 0.2, 0.3, 0.2])
+    p = pooled([good], proto)
+    assert p["n_users"] == 4 and p["seeds_excluding_zero"] == 1 and p["success"]
+    noisy = _summary(0, [0.5, -0.5, 0.4, -0.45])
+    p = pooled([noisy], proto)
+    assert p["ci_low"] < 0 < p["ci_high"] and not p["success"]
+    # the mean of every user's difference, with a t interval over all of them
+    both = pooled([good, _summary(1, [0.0, 0.4])], proto)
+    assert both["n_users"] == 6 and math.isclose(both["diff"], (0.8 + 0.4) / 6)
+
+
+def test_table_and_plot_show_every_seed(cfg, tmp_path):
+    proto = load_protocol(TINY)
+    sums = [_summary(0, [0.1, 0.2, 0.3, 0.2]), _summary(1, [0.5, -0.5, 0.4, -0.45])]
+    md = markdown(sums, pooled(sums, proto))
+    assert md.count("\n| 0 |") == 1 and md.count("\n| 1 |") == 1 and "pooled over 8 users" in md
+    assert "0.300 -> 0.600" in md and "promote" in md
+    png = plot(sums, [proto.feature], tmp_path / "curves.png")
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.very_slow  # one DAG run and two traffic windows: minutes; `make test-all`
+@pytest.mark.timeout(1800)
+def test_tiny_protocol_runs_end_to_end_and_writes_its_summary(rtrl_home, tmp_path):
+    from rl_core.cli import main
+
+    out = tmp_path / "out"
+    rc = main(["experiment", "--protocol", str(TINY), "--out", str(out)])
+    s = json.loads((out / "summary-seed0.json").read_text())
+    assert rc == 0 and s["checks"]["every_dag_ok"] and len(s["cycles"]) == 2
+    assert s["cycles"][0]["verdicts"]["eval"] is not None and s["cycles"][1]["verdicts"] == {}  # measured only
+    assert s["ab"]["decision"] in ("promote", "rollback", "continue") and "monitors" in s
+    assert set(s["cycles"][1]["feature_rates"]) >= {"code_block", "inline_comment"}
+    assert (out / "learning_curves.png").exists() and (out / "results.md").exists()
