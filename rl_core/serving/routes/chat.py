@@ -1,0 +1,232 @@
+"""The OpenAI surface: POST /v1/chat/completions and GET /v1/models (design.md "Serving API").
+
+Every completion is logged as an interaction row with what on-policy RL needs (prompt/completion token
+ids, the sampled tokens' logprobs, model version, arm) and acknowledged only after it is durable: the
+non-streaming response is sent after the fsync; a stream sends its last chunk and [DONE] after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from datetime import datetime
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from rl_core import toolcalls
+from rl_core.schema import InteractionEvent, now_utc
+from rl_core.serving.backends.base import Sampling
+from rl_core.serving.metrics import Metrics
+from rl_core.serving.protocol import (
+    ApiError,
+    ChatRequest,
+    chunk,
+    completion_body,
+    logprobs_block,
+    now_s,
+    validation_error,
+)
+from rl_core.serving.router import Lease, NotReady, UnknownModel
+from rl_core.serving.routes.deps import GatewayParts, JsonBody, Org, Parts
+
+api = APIRouter()
+
+
+def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """The prompt as the engine sees it: the gateway renders the chat template once and logs these very ids."""
+    out = tokenizer.apply_chat_template(toolcalls.to_template_messages(messages, tools), add_generation_prompt=True,
+                                        tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One completion in flight: who asked what, and when. Everything its logged row needs but the output."""
+
+    event_id: str
+    org: str
+    user: str
+    session: str
+    turn_index: int
+    req: ChatRequest
+    messages: list[dict]
+    ids: list[int]
+    sampling: Sampling
+    ts_request: datetime
+    t0: float
+
+
+@api.get("/v1/models")
+async def models(gw: Parts, _: Org) -> dict:
+    """What `model` may name; `auto` only once a champion serves (else it would answer 503)."""
+    router = gw.router
+    ids = ["auto", *router.model_ids()] if router.ready else router.model_ids()
+    return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "rtrl"} for i in ids]}
+
+
+@api.post("/v1/chat/completions")
+async def chat(request: Request, gw: Parts, org: Org, body: JsonBody):
+    """Validate, route to an engine (holding its lease), render the prompt, then answer or stream."""
+    req, max_tokens = _chat_request(body, gw.serving)
+    messages = [msg.model_dump(exclude_none=True) for msg in req.messages]
+    user, session, turn_index = _identity(req, request, messages)
+    sampling = Sampling(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                        top_p=1.0 if req.top_p is None else req.top_p, stop=req.stop_list(), seed=req.seed)
+    try:
+        lease = gw.router.route(req.model, user, org)
+    except UnknownModel as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+    except NotReady as exc:
+        raise ApiError(503, str(exc), code="not_ready") from None
+    ts_request, t0 = now_utc(), time.perf_counter()
+    event_id = str(uuid.uuid4())
+    try:
+        ids = await run_in_threadpool(prompt_ids, lease.backend.tokenizer, messages, req.tools)
+    except Exception as exc:
+        lease.release()
+        raise ApiError(400, f"messages cannot be rendered with the chat template: {exc}", param="messages") from None
+    turn = Turn(event_id=event_id, org=org, user=user, session=session, turn_index=turn_index, req=req,
+                messages=messages, ids=ids, sampling=sampling, ts_request=ts_request, t0=t0)
+    headers = {"x-rtrl-event-id": event_id, "x-rtrl-model-version": str(lease.version), "x-rtrl-arm": lease.arm}
+    if lease.adapter_version:
+        headers["x-rtrl-adapter-version"] = lease.adapter_version
+    if req.stream:
+        gen = _stream(gw, lease, turn)
+        weakref.finalize(gen, lease.release)  # a stream never started (client gone) still frees its lease
+        return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
+    return await _complete(gw, lease, turn, headers)
+
+
+def _chat_request(body, serving) -> tuple[ChatRequest, int]:
+    """The strictly validated request and its max_tokens (default and limit from [serving])."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    try:
+        req = ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    max_tokens = req.max_completion_tokens or req.max_tokens or serving.max_tokens_default
+    if max_tokens > serving.max_tokens_limit:
+        raise ApiError(400, f"max_tokens {max_tokens} exceeds the limit {serving.max_tokens_limit}", param="max_tokens")
+    return req, max_tokens
+
+
+def _identity(req: ChatRequest, request: Request, messages: list[dict]) -> tuple[str, str, int]:
+    """user_id, session_id, turn_index from the OpenAI `user` field, x-rtrl-* headers or metadata.
+
+    Without a session id, one is derived from the user and the conversation's first message, so turns of
+    one conversation share it; turn_index defaults to the number of assistant turns before this one.
+    """
+    md = req.metadata or {}
+    h = request.headers
+    user = req.user or h.get("x-rtrl-user-id") or md.get("user_id") or "anonymous"
+    session = h.get("x-rtrl-session-id") or md.get("session_id")
+    if not session:
+        first = json.dumps(messages[0], sort_keys=True)
+        session = "s-" + hashlib.sha256(f"{user}\n{first}".encode()).hexdigest()[:24]
+    turn = h.get("x-rtrl-turn-index") or md.get("turn_index")
+    if turn is None:
+        return user, session, sum(1 for m in messages if m.get("role") == "assistant")
+    if not str(turn).isdigit():
+        raise ApiError(400, f"turn_index must be a non-negative integer, got {turn!r}", param="turn_index")
+    return user, session, int(turn)
+
+
+async def _complete(gw: GatewayParts, lease: Lease, turn: Turn, headers: dict[str, str]) -> JSONResponse:
+    """Generate (threadpool), make the interaction durable, then answer with an OpenAI chat.completion."""
+    req, m = turn.req, gw.metrics
+    try:
+        g = await run_in_threadpool(lease.backend.generate, turn.ids, turn.sampling)
+    finally:
+        lease.release()
+    content, calls = toolcalls.parse(g.text) if req.tools else (g.text, [])
+    finish = "tool_calls" if calls and g.finish_reason == "stop" else g.finish_reason
+    t_log = time.perf_counter()
+    row = _row(turn, lease, g.token_ids, g.logprobs, g.text, calls, finish, g.ttft_ms)
+    await gw.durable(gw.collector.log_interaction(row), "interactions", 1)
+    m.logging.observe(time.perf_counter() - t_log)
+    _observe(m, lease, len(g.token_ids), turn.t0)
+    out = completion_body(event_id=turn.event_id, model=req.model, created=now_s(),
+                          content=content or (None if calls else ""), tool_calls=calls, finish_reason=finish,
+                          prompt_tokens=len(turn.ids), completion_tokens=len(g.token_ids),
+                          logprobs=logprobs_block(lease.backend.tokenizer, g.token_ids, g.logprobs) if req.logprobs else None)
+    return JSONResponse(out, headers=headers)
+
+
+def _stream(gw: GatewayParts, lease: Lease, turn: Turn):
+    """SSE chunks (runs in the threadpool). The event is made durable before the final chunk."""
+    req, m = turn.req, gw.metrics
+    eid, model, created = turn.event_id, req.model, now_s()
+    marker = "<tool_call>"
+    hold = len(marker) - 1 if req.tools else 0  # text that may be the start of a tool call waits for the next step
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    text, sent, finish, ttft = "", 0, "length", None
+    try:
+        yield chunk(eid, model, created, {"role": "assistant", "content": ""})
+        for step in lease.backend.stream(turn.ids, turn.sampling):
+            if ttft is None and step.token_ids:
+                ttft = (time.perf_counter() - turn.t0) * 1000
+            token_ids += step.token_ids
+            logprobs += step.logprobs
+            text += step.text
+            finish = step.finish_reason or finish
+            visible = text.split(marker, 1)[0] if req.tools else text
+            safe = len(visible) if marker in text or step.finish_reason else max(len(visible) - hold, 0)
+            if safe > sent:
+                yield chunk(eid, model, created, {"content": visible[sent:safe]})
+                sent = safe
+    finally:
+        lease.release()
+    content, calls = toolcalls.parse(text) if req.tools else (text, [])
+    if calls:
+        yield chunk(eid, model, created, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+        finish = "tool_calls" if finish == "stop" else finish
+    t_log = time.perf_counter()
+    row = _row(turn, lease, token_ids, logprobs, text, calls, finish, ttft)
+    try:
+        t0 = time.perf_counter()
+        gw.collector.log_interaction(row).result(timeout=30)
+        m.ack.observe(time.perf_counter() - t0)
+        m.logging.observe(time.perf_counter() - t_log)
+        m.events.labels("interactions").inc()
+    except Exception as exc:  # not durable: no final chunk, no [DONE]; the client sees the error
+        yield f"data: {json.dumps({'error': {'message': f'event not logged: {exc}', 'type': 'api_error'}})}\n\n".encode()
+        return
+    _observe(m, lease, len(token_ids), turn.t0)
+    yield chunk(eid, model, created, {}, finish)
+    if (req.stream_options or {}).get("include_usage"):
+        n = len(turn.ids)
+        yield chunk(eid, model, created, {}, usage={"prompt_tokens": n, "completion_tokens": len(token_ids),
+                                                   "total_tokens": n + len(token_ids)}, choices=False)
+    yield b"data: [DONE]\n\n"
+
+
+def _row(turn: Turn, lease: Lease, token_ids, logprobs, text, calls, finish, ttft_ms) -> dict:
+    """The interaction row RL trains on: the logged prompt ids, the sampled ids and their logprobs."""
+    ev = InteractionEvent(
+        event_id=turn.event_id, org_id=turn.org, user_id=turn.user, session_id=turn.session,
+        turn_index=turn.turn_index, ts_request=turn.ts_request, ts_response=now_utc(), requested_model=turn.req.model,
+        model_version=lease.version, adapter_version=lease.adapter_version, arm=lease.arm,
+        messages={"messages": turn.messages, "tools": turn.req.tools},
+        prompt_token_ids=turn.ids, completion_token_ids=token_ids, completion_logprobs=logprobs,
+        completion_text=text, tool_calls=calls or None, finish_reason=finish,
+        latency_ms=(time.perf_counter() - turn.t0) * 1000, ttft_ms=ttft_ms,
+        temperature=turn.sampling.temperature, top_p=turn.sampling.top_p)
+    return ev.to_row()
+
+
+def _observe(m: Metrics, lease: Lease, n_tokens: int, t0: float) -> None:
+    """Per-arm counters and latency: what the A/B dashboards compare."""
+    m.completions.labels(lease.arm, str(lease.version)).inc()
+    m.completion_tokens.labels(lease.arm, str(lease.version)).inc(n_tokens)
+    m.latency.labels(lease.arm).observe(time.perf_counter() - t0)
