@@ -47,6 +47,7 @@ class Protocol(BaseModel):
     train_from: Literal["champion", "latest"] = "latest"
     measure_last: bool = True
     feature: str  # the preferred feature whose rate must move (checked against the config's preferences)
+    choice: str = ""  # how the feature was chosen (from the census, before any update), in words
     primary: Literal["mean_reward"] = "mean_reward"
     success: str  # the rule, in words, as registered
     min_seeds_excluding_zero: int = Field(2, ge=1)
