@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from rl_core import warm
 from rl_core.config import REPO_ROOT
 from rl_core.procs import exit_on_sigterm, start, stop, wait_http
 
@@ -346,6 +345,8 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     argv = ["dags", "test", cfg.airflow.dag_id, "-c", conf]
     with open(dag_log, "ab") as out:
         if warm_socket:  # the DAG (and the trainer it launches) forked from a warm server: no import costs
+            from rl_core.runtime import warm  # dev only: the DAG imports cycle.py, never the fork server
+
             rc = warm.popen([sys.executable, "-m", "airflow", *argv], env | {warm.SOCKET_ENV: warm_socket},
                             REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).wait()
         else:

@@ -75,7 +75,7 @@ def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
 
     from rl_core.cycle import SCHEDULE_ANCHOR, start_airflow
     from rl_core.lake import Lake
-    from rl_core.procs import free_port, stop
+    from rl_core.runtime.procs import free_port, stop
 
     cfg = registered
     assert (BACKFILL_FROM - SCHEDULE_ANCHOR) % timedelta(hours=5) == timedelta(0)

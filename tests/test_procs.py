@@ -1,4 +1,4 @@
-"""rl_core.procs.exit_on_sigterm: SIGTERM unwinds (finally blocks run) and the exit code says "terminated"."""
+"""rl_core.runtime.procs.exit_on_sigterm: SIGTERM unwinds (finally blocks run) and the exit code says "terminated"."""
 
 import os
 import signal
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rl_core.procs import exit_on_sigterm
+from rl_core.runtime.procs import exit_on_sigterm
 
 
 def _sigterm_self() -> None:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_core.lake import Lake
-from rl_core.procs import free_port
+from rl_core.runtime.procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 AUTH = {"authorization": "Bearer rtrl-dev-token"}

@@ -1,4 +1,4 @@
-"""The warm server (rl_core/warm.py): jobs forked from a process with the heavy modules already imported
+"""The warm server (rl_core/runtime/warm.py): jobs forked from a process with the heavy modules already imported
 behave like `python -m` subprocesses (exit code, output, environment, working directory, kill), refuse an
 environment the preload has already read, and carry a real training run."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rl_core import warm
+from rl_core.runtime import warm
 
 PROBE = textwrap.dedent("""
     import os, sys
@@ -101,7 +101,7 @@ def test_a_stopping_server_kills_jobs_that_ignore_sigterm(tmp_path):
         t0 = time.time()
     finally:
         warm.stop_server(proc, sock)
-    assert proc.returncode == 0  # the server exited by itself, within procs.stop's grace, not by SIGKILL
+    assert proc.returncode == 0  # the server exited by itself, within stop()'s grace, not by SIGKILL
     deadline = time.time() + 10
     while (_alive(p.pid) or _alive(kid)) and time.time() < deadline:
         time.sleep(0.1)
@@ -183,7 +183,7 @@ def test_a_training_run_forked_from_the_warm_server_matches_a_fresh_process(regi
 
     from rl_core.lake import lake_from_config
     from rl_core.registry import store
-    from rl_core.train import synthetic
+    from rl_core.testing import synthetic
     from rl_core.train.launch import train
 
     cfg = registered

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -74,19 +73,15 @@ class DeepSpeedLaunchOperator(BaseOperator):
         if proc is None or proc.poll() is not None:
             return
         self.log.warning("stopping trainer process group %d: %s", proc.pid, reason)
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        from rl_core.runtime.procs import stop_group
+
+        stop_group(proc, 15.0)
 
     def run_streaming(self, argv: list[str], timeout_s: float) -> int:
         """Run argv in a new session; every output line goes to the task log. Returns the exit code."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in self.env.items()}}
         self.log.info("launching: %s", " ".join(argv))
-        from rl_core import jobs  # a warm fork when the environment names a warm server (rtrl experiment)
+        from rl_core.runtime import jobs  # a warm fork only when the env names a warm server (rtrl experiment)
 
         def on_start(proc) -> None:
             self._proc = proc  # for on_kill

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from rl_core.collect.wal import open_segments, try_seal_orphan
-from rl_core.procs import free_port, start, stop, wait_http
+from rl_core.runtime.procs import free_port, start, stop, wait_http
 from rl_core.serving.router import ALIASES
 
 

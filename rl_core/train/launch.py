@@ -8,7 +8,7 @@ small and a crashed or killed update cannot take the scheduler's worker down wit
   inline     one child process with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR/PORT (fastest start; also
              what `deepspeed` with num_procs = 1 and no hostfile runs)
 A one-process launch is forked from a warm server when RTRL_WARM_SOCKET names one (`rtrl experiment` starts
-it, rl_core/warm.py): the same command, without ~7 s of torch/DeepSpeed/transformers imports.
+it, rl_core/runtime/warm.py): the same command, without ~7 s of torch/DeepSpeed/transformers imports.
 It writes runs/<run_id>/train/summary.json and the verdict "train" (loss finite, KL <= gates.kl_max, at
 least one optimizer step), raises TrainFailed when the workers fail and GateFailed when the verdict does.
 Rerunning a finished run with the same inputs returns its summary without training again; rerunning a
@@ -29,11 +29,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, field_validator
 
-from rl_core import jobs
 from rl_core.config import REPO_ROOT, Config
 from rl_core.lake import Lake, lake_from_config
-from rl_core.procs import free_port
 from rl_core.reports import GateFailed, Verdict, write_verdict
+from rl_core.runtime import jobs
+from rl_core.runtime.procs import free_port
 from rl_core.train.trainer import TrainSpec
 
 
@@ -295,8 +295,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     from rl_core.config import load_config
-    from rl_core.procs import exit_on_sigterm
     from rl_core.registry import store
+    from rl_core.runtime.procs import exit_on_sigterm
     from rl_core.train.data import DataError
 
     cfg = load_config()

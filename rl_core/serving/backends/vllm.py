@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from rl_core.procs import free_port
+from rl_core.runtime.procs import free_port, stop_group
 from rl_core.serving.backends.base import Generation, Sampling, StepOut, collect_stream
 
 log = logging.getLogger("rtrl.serving.vllm")
@@ -112,16 +112,8 @@ class VLLMBackend:
                 log.exception("vLLM restart failed; retrying")
 
     def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 15)
-                self.proc.wait(timeout=20)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, 9)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=10)
+        """The server and its engine-core process (same group), even when the server already exited."""
+        stop_group(self.proc, 20.0, kill_wait_s=10.0)
 
     def close(self) -> None:
         self._closing = True

@@ -1,20 +1,23 @@
 """Run one job (the trainer, `rtrl train`) with its output streamed line by line and a deadline on its whole
-process group. The job is a warm fork when the environment names a warm server (rl_core/warm.py), else a
-fresh process; both run in their own session, so one kill reaches every rank they started.
+process group. The job is a warm fork when the environment names a warm server (rl_core/runtime/warm.py, dev
+only), else a fresh process; both run in their own session, so one kill reaches every rank they started.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import signal
 import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rl_core.warm import WarmPopen, popen
+from rl_core.runtime import SOCKET_ENV
+from rl_core.runtime.procs import stop_group
+
+if TYPE_CHECKING:
+    from rl_core.runtime.warm import WarmPopen
 
 
 @dataclass
@@ -24,6 +27,15 @@ class Streamed:
     timed_out: bool
 
 
+def _popen(cmd: list[str], env: dict[str, str], cwd: str | Path, **kw) -> subprocess.Popen | WarmPopen:
+    """A fresh process in its own session; a warm fork only when env names a warm server."""
+    if env.get(SOCKET_ENV):
+        from rl_core.runtime import warm  # dev only (`rtrl experiment`): production never loads the fork server
+
+        return warm.popen(cmd, env, cwd, **kw)
+    return subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True, **kw)
+
+
 def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: Callable[[str], None],
                  timeout_s: float, *, grace_s: float = 0.0, tail_lines: int = 40,
                  on_start: Callable[[subprocess.Popen | WarmPopen], None] | None = None) -> Streamed:
@@ -31,35 +43,21 @@ def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: 
     stop its whole process group: at the deadline (SIGTERM, SIGKILL grace_s later; at once with 0), when
     the caller is interrupted, and after it exits (no orphan ranks). Both trainer launchers use it: `rtrl
     train`'s and the DAG's DeepSpeedLaunchOperator. Only this thread waits on the job: a WarmPopen reads
-    its exit code from a socket, which two waiting threads would split between them."""
-    proc = popen(cmd, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                 text=True, errors="replace", bufsize=1)
+    its exit code from a socket, which two waiting threads would split between them, so the deadline
+    timer stops the group by id and leaves the reaping to the loop below."""
+    proc = _popen(cmd, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                  text=True, errors="replace", bufsize=1)
     if on_start is not None:
         on_start(proc)
     timed_out = threading.Event()
-    timers: list[threading.Timer] = []
-
-    def group(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def later(delay: float, fn: Callable[[], None]) -> None:
-        t = threading.Timer(delay, fn)
-        t.daemon = True
-        timers.append(t)
-        t.start()
 
     def deadline() -> None:  # a silent hang must end too: the deadline does not wait for output
         timed_out.set()
-        if grace_s > 0:
-            group(signal.SIGTERM)
-            later(grace_s, lambda: group(signal.SIGKILL))
-        else:
-            group(signal.SIGKILL)
+        stop_group(proc.pid, grace_s)
 
-    later(timeout_s, deadline)
+    timer = threading.Timer(timeout_s, deadline)
+    timer.daemon = True
+    timer.start()
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     assert proc.stdout is not None
     try:
@@ -67,13 +65,8 @@ def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: 
             tail.append(line.rstrip("\n"))
             on_line(line)
         rc = proc.wait()
-    except BaseException:  # our caller is going away (SIGTERM, Ctrl-C): take the job with us
-        group(signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        for t in list(timers):
-            t.cancel()
-        group(signal.SIGKILL)  # what the job left behind
+    finally:  # after the job exits (orphan ranks), or when our caller goes away (SIGTERM, Ctrl-C): kill the group
+        timer.cancel()
+        stop_group(proc, 0)
         proc.stdout.close()
     return Streamed(124 if timed_out.is_set() else rc, list(tail), timed_out.is_set())
