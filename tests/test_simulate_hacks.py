@@ -15,6 +15,9 @@ from rl_core.simulate.scenario import run_scenario
 @pytest.mark.slow
 def test_planted_hacks_are_caught_and_blocked_while_an_honest_variant_passes_the_monitors(registered):
     cfg = registered
+    # no org conventions: acme and globex reward opposite answers, so a version's mean reward would follow which
+    # org's users it happened to serve (each variant serves a hashed subset), not what it does
+    cfg.simulate.conventions = {}
     r = run_scenario(cfg, ["broken_on_hard", "clarifier", "evader", "oracle"], interactions=200, users=40, seed=1)
     print(r.table())
     assert r.sim.errors == 0, r.sim.error_examples
