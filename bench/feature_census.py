@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_core.config import load_config
     from rl_core.cycle import airflow_env
     from rl_core.init import init
-    from rl_core.procs import exit_on_sigterm, stop
+    from rl_core.runtime.procs import exit_on_sigterm, stop
     from rl_core.serving import gateway as gw
     from rl_core.simulate.bank import load_bank
     from rl_core.simulate.personas import make_users, orgs_from_config

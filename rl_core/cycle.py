@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.config import REPO_ROOT
-from rl_core.procs import exit_on_sigterm, start, stop, wait_http
+from rl_core.runtime.procs import exit_on_sigterm, start, stop, wait_http
 
 # The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
 SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
@@ -92,7 +92,7 @@ def resolve_window(
 
 
 
-# --- processes (rl_core/procs.py): everything started here runs in its own session ---------------------
+# --- processes (rl_core/runtime/procs.py): everything started here runs in its own session ---------------------
 
 def bin_path(name: str) -> str:
     return str(Path(sys.executable).parent / name)
@@ -287,7 +287,7 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
     gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
     of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL.
-    warm_socket: a warm server (rl_core/warm.py) that forks `airflow dags test` and the trainer.
+    warm_socket: a warm server (rl_core/runtime/warm.py) that forks `airflow dags test` and the trainer.
     run_dag=False: traffic only (an experiment's last cycle measures the policy; nothing trains after it)."""
     from rl_core.collect.compact import compact
     from rl_core.init import init

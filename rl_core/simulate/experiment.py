@@ -274,10 +274,10 @@ def train_base(cfg, train_from: str) -> int | None:
 def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path, train_from: str = "champion",
                    warm_start: bool = True, measure_last: bool = False) -> tuple[list[CycleMetrics], Paired | None, str]:
     """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing."""
-    from rl_core import warm
     from rl_core.cycle import airflow_env, print_report, run_cycle
     from rl_core.init import init
-    from rl_core.procs import stop
+    from rl_core.runtime import warm
+    from rl_core.runtime.procs import stop
     from rl_core.serving import gateway as gw
 
     if cycles < 1:
@@ -288,7 +288,7 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path, tr
     # one gateway for every cycle, as in production: it follows the aliases (weights swapped in place) and its
     # WAL seals 2 s after the traffic stops, so no cycle pays an engine start or a gateway shutdown
     env = airflow_env(cfg) | {"RTRL_SERVING__SEGMENT_MAX_AGE_S": "2"}
-    # and one warm server (rl_core/warm.py): every cycle's `airflow dags test` and trainer are forked from a
+    # and one warm server (rl_core/runtime/warm.py): every cycle's `airflow dags test` and trainer are forked from a
     # process that has already imported torch, DeepSpeed, transformers, GX and Airflow
     wproc, sock = warm.start_server(airflow_env(cfg), out_dir / "warm.log") if warm_start else (None, None)
     proc = None
@@ -338,7 +338,7 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="folder for results.md, curves.json, learning_curves.png")
     p.add_argument("--cold", action="store_true",
                    help="start `airflow dags test` and the trainer as fresh processes each cycle instead of forking "
-                        "them from a warm server that has the heavy modules imported (rl_core/warm.py)")
+                        "them from a warm server that has the heavy modules imported (rl_core/runtime/warm.py)")
     p.add_argument("--protocol", type=Path, default=None,
                    help="run a pre-registered protocol file (bench/protocols/*.toml): its sizes, seeds and config "
                         "replace the flags above; writes summary-seed<k>.json per seed, pooled.json, a plot")
@@ -349,7 +349,7 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     from rl_core.config import load_config
-    from rl_core.procs import exit_on_sigterm
+    from rl_core.runtime.procs import exit_on_sigterm
 
     if args.protocol:
         from rl_core.simulate import protocol
