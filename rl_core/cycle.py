@@ -282,13 +282,14 @@ def wait_for_window(cfg) -> float:
 
 def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
               policy_version: int | None = None, gateway_url: str | None = None,
-              warm_socket: str | None = None, run_dag: bool = True) -> CycleReport:
+              warm_socket: str | None = None, run_dag: bool = True, dag_id: str | None = None) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
     policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
     gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
     of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL.
     warm_socket: a warm server (rl_core/runtime/warm.py) that forks `airflow dags test` and the trainer.
-    run_dag=False: traffic only (an experiment's last cycle measures the policy; nothing trains after it)."""
+    run_dag=False: traffic only (an experiment's last cycle measures the policy; nothing trains after it).
+    dag_id: the DAG to run on the window (default the cycle's; `<dag_id>_orgs` trains the org adapters)."""
     from rl_core.collect.compact import compact
     from rl_core.init import init
     from rl_core.lake import Lake
@@ -341,8 +342,9 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()}
                       | ({"policy_version": int(policy_version)} if policy_version else {}))
     dag_log = log_dir / "dags-test.log"
-    print(f"[cycle] airflow dags test {cfg.airflow.dag_id} -c '{conf}' (log {dag_log})")
-    argv = ["dags", "test", cfg.airflow.dag_id, "-c", conf]
+    dag_id = dag_id or cfg.airflow.dag_id
+    print(f"[cycle] airflow dags test {dag_id} -c '{conf}' (log {dag_log})")
+    argv = ["dags", "test", dag_id, "-c", conf]
     with open(dag_log, "ab") as out:
         if warm_socket:  # the DAG (and the trainer it launches) forked from a warm server: no import costs
             from rl_core.runtime import warm  # dev only: the DAG imports cycle.py, never the fork server

@@ -114,3 +114,22 @@ def test_tiny_protocol_runs_end_to_end_and_writes_its_summary(rtrl_home, tmp_pat
     assert s["ab"]["decision"] in ("promote", "rollback", "continue") and "monitors" in s
     assert set(s["cycles"][1]["feature_rates"]) >= {"code_block", "inline_comment"}
     assert (out / "learning_curves.png").exists() and (out / "results.md").exists()
+
+
+def test_welch_difference_in_differences():
+    from rl_core.simulate.org_protocol import welch
+
+    w = welch([0.3, 0.2, 0.4, 0.3], [-0.2, -0.1, -0.3, -0.2])
+    assert w["diff"] == pytest.approx(0.5) and w["ci_low"] > 0.3 and w["n_a"] == w["n_b"] == 4
+    assert welch([0.1], [0.2, 0.3]) is None  # one user is no interval
+    noisy = welch([0.5, -0.5, 0.4], [0.3, -0.4, 0.2])
+    assert noisy["ci_low"] < 0 < noisy["ci_high"]
+
+
+def test_an_orgs_protocol_needs_opposite_conventions(cfg, tmp_path):
+    text = (REPO / "bench/protocols/org-conventions.toml").read_text()
+    assert load_protocol(REPO / "bench/protocols/org-conventions.toml").dag == "orgs"
+    same = text.replace('"org-globex" = { feature = "prose_after_code", want = false }',
+                        '"org-globex" = { feature = "prose_after_code", want = true }')
+    with pytest.raises(ValueError, match="one org that wants 'prose_after_code' and one that rejects it"):
+        load_protocol(_write(tmp_path, same))

@@ -272,8 +272,10 @@ def train_base(cfg, train_from: str) -> int | None:
 
 
 def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path, train_from: str = "champion",
-                   warm_start: bool = True, measure_last: bool = False) -> tuple[list[CycleMetrics], Paired | None, str]:
-    """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing."""
+                   warm_start: bool = True, measure_last: bool = False,
+                   dag_id: str | None = None) -> tuple[list[CycleMetrics], Paired | None, str]:
+    """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing;
+    dag_id: the DAG each cycle runs (default the cycle's; the org-adapter DAG for an org experiment)."""
     from rl_core.cycle import airflow_env, print_report, run_cycle
     from rl_core.init import init
     from rl_core.runtime import warm
@@ -302,7 +304,7 @@ def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path, tr
             report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
                                policy_version=train_base(cfg, train_from), gateway_url=url,
                                warm_socket=str(sock) if sock else None,
-                               run_dag=not (measure_last and k == cycles))
+                               run_dag=not (measure_last and k == cycles), dag_id=dag_id)
             if k == 1:  # the one start-up belongs to the first cycle's time
                 report.seconds = {"gateway_start": started_s, **(report.seconds or {})}
             print_report(cfg, report)

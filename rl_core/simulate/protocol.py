@@ -46,9 +46,10 @@ class Protocol(BaseModel):
     challenger_share: float = Field(1.0, gt=0, le=1)
     train_from: Literal["champion", "latest"] = "latest"
     measure_last: bool = True
+    dag: Literal["cycle", "orgs"] = "cycle"  # what trains between cycles: the policy, or the org adapters
     feature: str  # the preferred feature whose rate must move (checked against the config's preferences)
     choice: str = ""  # how the feature was chosen (from the census, before any update), in words
-    primary: Literal["mean_reward"] = "mean_reward"
+    primary: Literal["mean_reward", "feature_did"] = "mean_reward"  # feature_did: rl_core/simulate/org_protocol.py
     success: str  # the rule, in words, as registered
     min_seeds_excluding_zero: int = Field(2, ge=1)
     config: dict[str, dict] = {}  # rtrl.toml sections -> keys: applied to every run as RTRL_<S>__<K>
@@ -66,6 +67,9 @@ def load_protocol(path: Path) -> Protocol:
     prefs = {p.feature for p in [cfg.simulate.preference, *cfg.simulate.conventions.values()] if p}
     if proto.feature not in prefs:
         raise ValueError(f"{path}: protocol.feature {proto.feature!r} is not a preference of its config ({prefs})")
+    wants = {p.want for p in cfg.simulate.conventions.values() if p.feature == proto.feature}
+    if proto.dag == "orgs" and wants != {True, False}:
+        raise ValueError(f"{path}: an orgs protocol needs one org that wants {proto.feature!r} and one that rejects it")
     return proto
 
 
@@ -84,15 +88,17 @@ def _git_commit() -> str:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def judge_last(cfg, curves: list[CycleMetrics]) -> dict:
+def judge_last(cfg, curves: list[CycleMetrics], ab_test: bool = True) -> dict:
     """The production checks on the measured last cycle: the monitors (v1 as the parent) over what it served,
     and `rtrl ab` over the whole experiment (v1's traffic as the champion arm, the last policy's as the
-    challenger arm), applied: a promote moves `champion`."""
+    challenger arm), applied: a promote moves `champion`. ab_test=False (org adapters: no new version)."""
     from rl_core.registry.ab import ab_verdict, apply_verdict
     from rl_core.rewards.monitors import run_monitors
 
     first, last = curves[0], curves[-1]
     mon = run_monitors(cfg, f"{last.run_id}-served", parent_version=1)
+    if not ab_test:
+        return {"monitors": {"passed": mon.passed, "reasons": mon.reasons}, "ab": {"decision": "n/a"}}
     ab = ab_verdict(cfg, datetime.fromisoformat(first.window[0]), datetime.fromisoformat(last.window[1]))
     action = apply_verdict(cfg, ab)
     return {"monitors": {"passed": mon.passed, "reasons": mon.reasons, "compared": mon.details.get("compared"),
@@ -129,7 +135,8 @@ def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetri
             "every_dag_ok": all(c.dag_rc == 0 for c in curves),
             "monitors_pass": judged["monitors"]["passed"],
             "ab_promotes": judged["ab"]["decision"] == "promote",
-        },
+        } if proto.dag == "cycle" else {"every_dag_ok": all(c.dag_rc == 0 for c in curves),
+                                         **judged["orgs"]["checks"]},
     }
 
 
@@ -175,9 +182,14 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
     try:
         cfg = load_config()
         t0 = time.time()
+        dag_id = f"{cfg.airflow.dag_id}_orgs" if proto.dag == "orgs" else None
         curves, _, _ = run_experiment(cfg, proto.cycles, proto.interactions, out / f"seed-{seed}", proto.train_from,
-                                      measure_last=proto.measure_last)
-        judged = judge_last(cfg, curves)
+                                      measure_last=proto.measure_last, dag_id=dag_id)
+        judged = judge_last(cfg, curves, ab_test=proto.dag == "cycle")
+        if proto.dag == "orgs":
+            from rl_core.simulate.org_protocol import org_summary
+
+            judged["orgs"] = org_summary(cfg, proto.feature, curves)
         summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60)
     finally:
         for k, v in saved.items():
@@ -218,8 +230,11 @@ def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
         axes[0][0].errorbar(cyc, ys, yerr=list(zip(*err, strict=True)), marker="o", capsize=3, label=f"seed {s['seed']}")
         for ax, name in zip(axes[0][1:], features, strict=True):
             r = [c["feature_rates"][name] for c in s["cycles"]]
-            ax.errorbar(cyc, [x["rate"] for x in r], capsize=3, marker="o", label=f"seed {s['seed']}",
+            ax.errorbar(cyc, [x["rate"] for x in r], capsize=3, marker="o", label=f"seed {s['seed']}, all",
                         yerr=[[x["rate"] - x["ci_low"] for x in r], [x["ci_high"] - x["rate"] for x in r]])
+            for org, ys in (s.get("orgs") or {}).get("org_rates_by_cycle", {}).items():  # orgs: each org's line
+                ax.plot(cyc, [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
+                        label=f"seed {s['seed']}, {org}")
     axes[0][0].set_title("mean reward (95% CI over users)")
     for ax, name in zip(axes[0][1:], features, strict=True):
         ax.set_title(f"{name} rate (95% CI)")
@@ -246,6 +261,9 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
         p, first, last = s["primary"], s["cycles"][0], s["cycles"][-1]
         fr0, fr1 = first["feature_rates"][s["feature"]], last["feature_rates"][s["feature"]]
         ck = s["checks"]
+        if "orgs" in s:
+            lines.append(_org_row(s))
+            continue
         lines.append(
             f"| {s['seed']} | {p['n_users'] if p else 0} | {f(p['first_mean']) if p else 'n/a'} | "
             f"{f(p['last_mean']) if p else 'n/a'} | {f(p['diff']) if p else 'n/a'} | "
@@ -259,6 +277,17 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _org_row(s: dict) -> str:
+    """An orgs-protocol seed in the same table: the DiD in the diff columns, each org's move in the feature's."""
+    o, d = s["orgs"], s["orgs"]["did"]
+    moves = ", ".join(f"{org} {'+' if m['want'] else '-'}: {m['mean_rate_change']:+.3f}"
+                      for org, m in o["org_moves"].items() if m["mean_rate_change"] is not None)
+    ci = f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" if d else "n/a"
+    return (f"| {s['seed']} | {d['n_a'] + d['n_b'] if d else 0} | | | DiD {d['diff'] if d else float('nan'):+.3f} | {ci} "
+            f"| {moves} | {'ok' if o['checks']['shared_suite_no_regression'] else 'REGRESSION'} | "
+            f"{'isolated' if o['checks']['adapters_isolated'] else 'LEAK'} | {s['ab']['decision']} | {s['minutes']} |")
+
+
 def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | None) -> int:
     """`rtrl experiment --protocol FILE [--seed K ...]`: run the seeds, then summarise every seed found in out."""
     proto = load_protocol(path)
@@ -266,7 +295,8 @@ def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | Non
     run_protocol(path, seeds, home, out)
     summaries = [json.loads((out / f"summary-seed{k}.json").read_text()) for k in proto.seeds
                  if (out / f"summary-seed{k}.json").exists()]
-    pool = pooled(summaries, proto) if summaries and sum(len(s["user_diffs"]) for s in summaries) > 1 else None
+    pool = (pooled(summaries, proto) if proto.dag == "cycle" and sum(len(s["user_diffs"]) for s in summaries) > 1
+            else None)
     if pool:
         (out / "pooled.json").write_text(json.dumps(pool, indent=1))
     features = [proto.feature]

@@ -1,0 +1,99 @@
+"""The organisations protocol's test: do the org adapters move each org's feature toward its own convention?
+
+Why a difference in differences: org A's users reward a feature, org B's users penalise it. Each org's
+adapter is trained on its own users' episodes only, so A's rate should rise and B's fall. A shared drift
+(sampling, the day's tasks) moves both; the difference between the two orgs' moves cancels it. Per user:
+d = (feature rate in the last cycle) - (in the first); DiD = mean d of the users whose org wants the feature
+minus mean d of those whose org rejects it, with a Welch 95% interval (the two groups are different users).
+The lake's interactions also say which adapter answered whom: neither org may be served the other's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rl_core.lake import Lake
+from rl_core.simulate.experiment import CycleMetrics
+
+
+def welch(a: list[float], b: list[float]) -> dict | None:
+    """mean(a) - mean(b) with a Welch t 95% interval; None when a group has fewer than 2 users."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1) / len(b)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1))) if va + vb > 0 else len(a) + len(b) - 2
+    t = float(stats.t.ppf(0.975, df))
+    return {"diff": ma - mb, "se": se, "ci_low": ma - mb - t * se, "ci_high": ma - mb + t * se,
+            "n_a": len(a), "n_b": len(b), "mean_a": ma, "mean_b": mb}
+
+
+def _org_of(user_id: str, orgs: list[str]) -> str | None:
+    return next((o for o in orgs if user_id.startswith(f"{o}-")), None)  # make_users: "<org>-u<k>"
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def adapters_served(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, int]]:
+    """org -> {adapter_version or "none": interactions} in the last cycle's window, from the lake."""
+    last = curves[-1]
+    from datetime import datetime
+
+    t = Lake(cfg.lake_root).read_window("interactions", datetime.fromisoformat(last.window[0]),
+                                        datetime.fromisoformat(last.window[1]))
+    out: dict[str, dict[str, int]] = {}
+    if t is None:
+        return out
+    for org, adapter in zip(t.column("org_id").to_pylist(), t.column("adapter_version").to_pylist(), strict=True):
+        by = out.setdefault(org, {})
+        by[adapter or "none"] = by.get(adapter or "none", 0) + 1
+    return out
+
+
+def org_verdicts(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
+    """org -> its adapter run's verdicts (train, eval on the shared suite, eval_org), per trained cycle."""
+    from rl_core.orgs.pipeline import org_run_id
+    from rl_core.reports import read_verdicts
+
+    lake = Lake(cfg.lake_root)
+    return {org: {name: v.passed for c in curves[:-1]
+                  for name, v in read_verdicts(lake, org_run_id(c.run_id, org)).items()}
+            for org in cfg.simulate.conventions}
+
+
+def org_summary(cfg, feature: str, curves: list[CycleMetrics]) -> dict:
+    """The DiD, each org's own move toward its convention, and the isolation and eval checks."""
+    conv = cfg.simulate.conventions
+    orgs = sorted(conv)
+    first, last = curves[0].user_features.get(feature, {}), curves[-1].user_features.get(feature, {})
+    d = {u: last[u] - first[u] for u in sorted(set(first) & set(last))}
+    groups = {o: [x for u, x in d.items() if _org_of(u, orgs) == o] for o in orgs}
+    want = [x for o in orgs if conv[o].want for x in groups[o]]
+    reject = [x for o in orgs if not conv[o].want for x in groups[o]]
+    moves = {o: {"want": conv[o].want, "users": len(groups[o]),
+                 "mean_rate_change": sum(groups[o]) / len(groups[o]) if groups[o] else None} for o in orgs}
+    served = adapters_served(cfg, curves)
+    verdicts = org_verdicts(cfg, curves)
+    did = welch(want, reject)
+    isolated = all(a == "none" or a.startswith(f"{o}-") for o, by in served.items() for a in by)
+    by_cycle = {o: [_mean([r for u, r in c.user_features.get(feature, {}).items() if _org_of(u, orgs) == o])
+                    for c in curves] for o in orgs}  # each org's users' mean rate, per cycle (the plot)
+    return {
+        "did": did, "org_moves": moves, "org_rates_by_cycle": by_cycle, "adapters_served": served, "org_verdicts": verdicts,
+        "user_rate_diffs": d,
+        "checks": {
+            "did_excludes_zero": bool(did and did["ci_low"] > 0),
+            "each_org_moves_toward_its_convention": all(
+                m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
+                for m in moves.values()),
+            "shared_suite_no_regression": bool(verdicts) and all(v.get("eval") for v in verdicts.values()),
+            "adapters_isolated": isolated,
+            "each_org_served_its_adapter": all(any(a != "none" for a in served.get(o, {})) for o in orgs),
+        },
+    }
