@@ -1,6 +1,6 @@
 """How long the A/B verdict takes on 1M logged interactions (issue 7: "runs in seconds").
 
-Simulated logs (rl_core.registry.ab_synth) with a planted +3-point edit-persisted effect are written to a
+Simulated logs (rl_core.testing.ab_synth) with a planted +3-point edit-persisted effect are written to a
 temporary lake as hourly Parquet partitions, then `ab_verdict` runs on them: DuckDB SQL over the raw
 interactions + feedback, clustered delta-method intervals, a Poisson cluster bootstrap of p50/p90
 latency (config [ab] bootstrap_iters), optionally CUPED over a pre-period, and the report logged to
@@ -36,8 +36,9 @@ def main() -> None:
     os.environ.update({"RTRL_HOME": str(home), "RTRL_AB__BOOTSTRAP_ITERS": str(args.iters)})
     from rl_core.config import load_config
     from rl_core.lake import Lake
-    from rl_core.registry import ab, ab_synth
-    from rl_core.registry.ab_synth import ArmSpec
+    from rl_core.registry import ab
+    from rl_core.testing import ab_synth
+    from rl_core.testing.ab_synth import ArmSpec
 
     cfg = load_config()
     start = datetime(2026, 12, 2, 5, tzinfo=timezone.utc)

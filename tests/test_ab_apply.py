@@ -9,8 +9,9 @@ import pytest
 from test_ab_verdict import END, START
 
 from rl_core.lake import Lake
-from rl_core.registry import ab, ab_synth, store
-from rl_core.registry.ab_synth import ArmSpec
+from rl_core.registry import ab, store
+from rl_core.testing import ab_synth
+from rl_core.testing.ab_synth import ArmSpec
 
 
 def _write(cfg, start, end, champion, challenger, seed):

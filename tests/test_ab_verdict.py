@@ -9,8 +9,9 @@ import pyarrow.compute as pc
 import pytest
 
 from rl_core.lake import Lake
-from rl_core.registry import ab, ab_synth
-from rl_core.registry.ab_synth import ArmSpec
+from rl_core.registry import ab
+from rl_core.testing import ab_synth
+from rl_core.testing.ab_synth import ArmSpec
 
 START = datetime(2026, 12, 2, 5, tzinfo=timezone.utc)
 END = START + timedelta(hours=5)

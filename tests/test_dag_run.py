@@ -45,7 +45,7 @@ def write_window(cfg, n: int = 24, arms=None, **defects) -> None:
     from datetime import timedelta
 
     from rl_core.lake import Lake
-    from rl_core.simulate.synth import ArmSpec, Defects, generate
+    from rl_core.testing.synth import ArmSpec, Defects, generate
 
     generate(n, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),
              arms=arms or (ArmSpec(name="champion", model_version=1, share=1.0),), defects=Defects(**defects),
@@ -106,7 +106,7 @@ def test_a_hacking_live_challenger_trips_the_monitors_is_rolled_back_and_nothing
     harvest keeps only the champion's lag range, so the monitors must score every served turn to see v2."""
     from rl_core.lake import Lake
     from rl_core.registry import promote, store
-    from rl_core.simulate.synth import ArmSpec
+    from rl_core.testing.synth import ArmSpec
 
     cfg = af_env
     v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="hacky", tags={"parent_version": 1})

@@ -21,7 +21,7 @@ TRIGGER_WINDOW = (datetime(2026, 12, 1, 14, tzinfo=UTC), datetime(2026, 12, 1, 1
 
 def _data(cfg, start: datetime, end: datetime, seed: int) -> None:
     from rl_core.lake import Lake
-    from rl_core.simulate.synth import ArmSpec, generate
+    from rl_core.testing.synth import ArmSpec, generate
 
     generate(24, start, end, seed=seed, lake=Lake(cfg.lake_root), orgs=tuple(cfg.simulate.orgs),
              arms=(ArmSpec(name="champion", model_version=1, share=1.0),), grace_hours=cfg.harvest.grace_hours)

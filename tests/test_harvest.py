@@ -12,7 +12,7 @@ from rl_core.cli import main
 from rl_core.harvest import EPISODES_SCHEMA, harvest
 from rl_core.lake import Lake
 from rl_core.schema import to_table
-from rl_core.simulate.synth import feedback_row, generate, interaction_row, window
+from rl_core.testing.synth import feedback_row, generate, interaction_row, window
 
 START, END = window()
 

@@ -16,7 +16,7 @@ import pytest
 
 from rl_core.lake import Lake
 from rl_core.schema import to_table
-from rl_core.simulate.synth import feedback_row, interaction_row, window
+from rl_core.testing.synth import feedback_row, interaction_row, window
 
 REPO = Path(__file__).resolve().parent.parent
 START, END = window()

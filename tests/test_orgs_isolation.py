@@ -22,7 +22,7 @@ from rl_core.orgs.pipeline import OrgError, eligible_orgs, org_run_id, prepare_o
 from rl_core.orgs.registry import adapter_config, adapter_model_name, live_adapter, register_adapter
 from rl_core.reports import read_verdicts
 from rl_core.schema import to_table
-from rl_core.simulate.synth import TOOLS, feedback_row, interaction_row, window
+from rl_core.testing.synth import TOOLS, feedback_row, interaction_row, window
 from rl_core.train.launch import TrainSummary
 
 START, END = window()

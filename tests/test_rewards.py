@@ -18,7 +18,7 @@ from rl_core.rewards.followup import evaluate
 from rl_core.rewards.monitors import run_monitors, version_rates
 from rl_core.rewards.scorers import is_clarifying, is_empty_or_refusal
 from rl_core.schema import to_table
-from rl_core.simulate.synth import ArmSpec, feedback_row, generate, interaction_row, window
+from rl_core.testing.synth import ArmSpec, feedback_row, generate, interaction_row, window
 
 START, END = window()
 DATA = Path(__file__).parent / "data" / "followups.jsonl"

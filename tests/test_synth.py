@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from rl_core.lake import Lake
-from rl_core.simulate.synth import ArmSpec, Defects, generate, window
+from rl_core.testing.synth import ArmSpec, Defects, generate, window
 
 START, END = window(hours=3)
 

@@ -14,7 +14,7 @@ import pytest
 
 from rl_core.config import TrainConfig
 from rl_core.lake import Lake
-from rl_core.train import synthetic
+from rl_core.testing import synthetic
 from rl_core.train.advantages import compute_advantages
 from rl_core.train.data import DataError, build_samples, collate, load_samples, plan_batches, to_tensors
 

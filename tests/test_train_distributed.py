@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from rl_core.lake import lake_from_config
 from rl_core.registry import store
 from rl_core.reports import GateFailed, read_verdict
-from rl_core.train import synthetic
+from rl_core.testing import synthetic
 from rl_core.train.launch import TrainFailed, train
 from rl_core.train.trainer import FAULT_ENV
 

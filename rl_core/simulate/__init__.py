@@ -1,2 +1,2 @@
-"""Simulated traffic: users that drive the real HTTP API, and synth.py, which writes raw events straight into
-the lake at any volume (tests, benchmarks, A/B analysis)."""
+"""Simulated traffic: users that drive the real HTTP API. Raw events written straight into the lake at any volume
+(tests, benchmarks, A/B analysis) come from rl_core.testing.synth, which does not ship."""

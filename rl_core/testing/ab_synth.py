@@ -15,31 +15,19 @@ the same user offsets (what CUPED exploits).
 
 from __future__ import annotations
 
-import binascii
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rl_core.lake import Lake
-from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, TS
+from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA
+from rl_core.testing.columns import US, const, lists, pick, timestamps, uuids, write_to_lake
+from rl_core.testing.texts import AB_DISSATISFIED, AB_NEUTRAL
 
-DISSATISFIED_TEXTS = (
-    "that's wrong, it still fails",
-    "this doesn't work",
-    "no, that is not what i asked",
-    "still broken after your change",
-    "wrong file, try again",
-)
-NEUTRAL_TEXTS = (
-    "thanks, now add a test for it",
-    "great. next rename the helper",
-    "ok, also update the docstring",
-    "looks good, can you explain this part?",
-)
+__all__ = ["ArmSpec", "synth_ab", "write_to_lake"]  # write_to_lake: the tests write what they draw
 
 
 @dataclass
@@ -53,71 +41,48 @@ class ArmSpec:
     latency_sigma: float = 0.5
 
 
-def _uuids(rng: np.random.Generator, n: int) -> pa.Array:
-    """n random UUID-4 strings, vectorised (hex of random bytes with dashes and version bits)."""
-    hexed = np.frombuffer(binascii.hexlify(rng.bytes(16 * n)), dtype=np.uint8).reshape(n, 32)
-    out = np.empty((n, 36), dtype=np.uint8)
-    out[:, [8, 13, 18, 23]] = ord("-")
-    cols = [c for c in range(36) if c not in (8, 13, 18, 23)]
-    out[:, cols] = hexed
-    out[:, 14] = ord("4")
-    out[:, 19] = np.frombuffer(b"89ab", dtype=np.uint8)[rng.integers(0, 4, n)]
-    return pa.array(out.view("S36").ravel().astype(str))
+def _same_list(values: list, n: int, type_) -> pa.Array:
+    """n rows holding the same list."""
+    return lists(np.full(n, len(values)), pa.array(np.tile(values, n), type=type_))
 
 
-def _const(value, n: int, type_=None) -> pa.Array:
-    return pa.array([value], type=type_).take(pa.array(np.zeros(n, dtype=np.int64)))
-
-
-def _lists(values: list, n: int, type_) -> pa.Array:
-    k = len(values)
-    return pa.ListArray.from_arrays(
-        pa.array(np.arange(0, k * n + 1, k, dtype=np.int32)), pa.array(np.tile(values, n), type=type_)
-    )
-
-
-def _ts(base: datetime, offsets_us: np.ndarray) -> pa.Array:
-    epoch = int(base.timestamp() * 1_000_000)
-    return pa.array(epoch + offsets_us.astype(np.int64), type=pa.int64()).cast(TS)
-
-
-def _interactions(rng, n, users, user_of, arm_is_chall, version_of_arm, t0, span_s, latency, orgs):
+def _interactions(rng, n, users, user_of, arm_is_chall, version_of_arm, t0_us, span_s, latency, orgs):
     user_ids = pa.array([f"user-{u:06d}" for u in range(users)])
     uid = user_ids.take(pa.array(user_of))
-    offsets = np.sort(rng.integers(0, int(span_s * 1e6), n))
-    ts_req = _ts(t0, offsets)
-    ts_resp = _ts(t0, offsets + (latency * 1000).astype(np.int64))
+    offsets = np.sort(rng.integers(0, int(span_s * 1e6), n))  # us after t0
+    ts_req = timestamps(t0_us + offsets)
+    ts_resp = timestamps(t0_us + offsets + (latency * 1000).astype(np.int64))
     arm = pa.array(np.where(arm_is_chall, "challenger", "champion"))
     table = pa.table(
         {
-            "event_id": _uuids(rng, n),
+            "event_id": uuids(rng, n, variant_draw=True),
             "org_id": pa.array(orgs).take(pa.array(user_of % len(orgs))),
             "user_id": uid,
-            "session_id": pc.binary_join_element_wise(_const("sess", n, pa.string()), uid, "-"),
+            "session_id": pc.binary_join_element_wise(const("sess", n, pa.string()), uid, "-"),
             "turn_index": pa.array(np.zeros(n, dtype=np.int32)),
             "ts_request": ts_req,
             "ts_response": ts_resp,
-            "requested_model": _const("auto", n),
+            "requested_model": const("auto", n),
             "model_version": pa.array(np.where(arm_is_chall, version_of_arm[1], version_of_arm[0]).astype(np.int64)),
             "adapter_version": pa.nulls(n, pa.string()),
             "arm": arm,
-            "messages": _const(json.dumps([{"role": "user", "content": "fix the failing test"}]), n),
-            "prompt_token_ids": _lists([1, 2, 3], n, pa.int32()),
-            "completion_token_ids": _lists([4, 5], n, pa.int32()),
-            "completion_logprobs": _lists([-0.5, -0.25], n, pa.float32()),
-            "completion_text": _const("Here is the fix.", n),
+            "messages": const(json.dumps([{"role": "user", "content": "fix the failing test"}]), n),
+            "prompt_token_ids": _same_list([1, 2, 3], n, pa.int32()),
+            "completion_token_ids": _same_list([4, 5], n, pa.int32()),
+            "completion_logprobs": _same_list([-0.5, -0.25], n, pa.float32()),
+            "completion_text": const("Here is the fix.", n),
             "tool_calls": pa.nulls(n, pa.string()),
-            "finish_reason": _const("stop", n),
+            "finish_reason": const("stop", n),
             "latency_ms": pa.array(latency),
             "ttft_ms": pa.array(latency * 0.2),
-            "temperature": _const(0.7, n, pa.float32()),
-            "top_p": _const(1.0, n, pa.float32()),
+            "temperature": const(0.7, n, pa.float32()),
+            "top_p": const(1.0, n, pa.float32()),
         }
     )
     return table.cast(INTERACTIONS_SCHEMA), offsets
 
 
-def _feedback(rng, events: pa.Table, offsets_us, t0, persisted, reverted, followup, dissatisfied) -> pa.Table:
+def _feedback(rng, events: pa.Table, offsets_us, t0_us, persisted, reverted, followup, dissatisfied) -> pa.Table:
     parts = []
 
     def add(mask, kind, value_bool=None, value_float=None, texts=None, delay_min=30.0):
@@ -128,17 +93,17 @@ def _feedback(rng, events: pa.Table, offsets_us, t0, persisted, reverted, follow
         delay = (rng.exponential(delay_min, m) * 60e6).astype(np.int64)
         text = pa.nulls(m, pa.string())
         if texts is not None:
-            text = pa.array(texts).take(pa.array(rng.integers(0, len(texts), m)))
+            text = pick(texts, rng.integers(0, len(texts), m))
         parts.append(
             pa.table(
                 {
-                    "feedback_id": _uuids(rng, m),
+                    "feedback_id": uuids(rng, m, variant_draw=True),
                     "event_id": events["event_id"].take(pa.array(idx)),
                     "org_id": events["org_id"].take(pa.array(idx)),
-                    "ts": _ts(t0, offsets_us[idx] + delay),
-                    "kind": _const(kind, m),
-                    "value_bool": pa.nulls(m, pa.bool_()) if value_bool is None else _const(value_bool, m),
-                    "value_float": pa.nulls(m, pa.float64()) if value_float is None else _const(value_float, m),
+                    "ts": timestamps(t0_us + offsets_us[idx] + delay),
+                    "kind": const(kind, m),
+                    "value_bool": pa.nulls(m, pa.bool_()) if value_bool is None else const(value_bool, m),
+                    "value_float": pa.nulls(m, pa.float64()) if value_float is None else const(value_float, m),
                     "text": text,
                 }
             ).cast(FEEDBACK_SCHEMA)
@@ -147,8 +112,8 @@ def _feedback(rng, events: pa.Table, offsets_us, t0, persisted, reverted, follow
     add(persisted | reverted, "edit_applied", delay_min=2.0)
     add(persisted, "edit_persisted", value_float=24.0, delay_min=60.0)
     add(reverted, "edit_reverted", delay_min=20.0)
-    add(followup & dissatisfied, "followup_message", texts=DISSATISFIED_TEXTS, delay_min=3.0)
-    add(followup & ~dissatisfied, "followup_message", texts=NEUTRAL_TEXTS, delay_min=3.0)
+    add(followup & dissatisfied, "followup_message", texts=AB_DISSATISFIED, delay_min=3.0)
+    add(followup & ~dissatisfied, "followup_message", texts=AB_NEUTRAL, delay_min=3.0)
     add(persisted & (rng.random(len(persisted)) < 0.05), "thumbs", value_bool=True, delay_min=5.0)
     return pa.concat_tables(parts) if parts else FEEDBACK_SCHEMA.empty_table()
 
@@ -179,6 +144,7 @@ def synth_ab(
     off_lat = rng.normal(0, 0.25, users)
 
     def block(count, t0, span_s, all_champion):
+        t0_us = int(t0.timestamp() * US)
         user_of = rng.choice(users, size=count, p=activity / activity.sum())
         is_chall = np.zeros(count, dtype=bool) if all_champion else chall_user[user_of]
         spec = lambda a, b: np.where(is_chall, b, a)  # noqa: E731
@@ -188,13 +154,13 @@ def synth_ab(
         sigma = spec(champion.latency_sigma, challenger.latency_sigma)
         latency = median * np.exp(off_lat[user_of] + sigma * rng.standard_normal(count))
         events, offsets = _interactions(
-            rng, count, users, user_of, is_chall, (champion.version, challenger.version), t0, span_s, latency, list(orgs)
+            rng, count, users, user_of, is_chall, (champion.version, challenger.version), t0_us, span_s, latency, list(orgs)
         )
         persisted = rng.random(count) < p_persist
         reverted = ~persisted & (rng.random(count) < 0.2)
         dissatisfied = rng.random(count) < p_dissat
         followup = dissatisfied | (rng.random(count) < 0.4)
-        fb = _feedback(rng, events, offsets, t0, persisted, reverted, followup, dissatisfied)
+        fb = _feedback(rng, events, offsets, t0_us, persisted, reverted, followup, dissatisfied)
         return events, fb
 
     window_s = (end - start).total_seconds()
@@ -203,17 +169,3 @@ def synth_ab(
         pre_events, pre_fb = block(pre_n, start - timedelta(hours=pre_hours), pre_hours * 3600, all_champion=True)
         events, fb = pa.concat_tables([pre_events, events]), pa.concat_tables([pre_fb, fb])
     return events, fb
-
-
-def write_to_lake(lake: Lake, table_name: str, table: pa.Table, tag: str = "ab-synth") -> list[str]:
-    """Write rows into their hour partitions (one file per hour; the same tag overwrites the same file)."""
-    col = "ts_request" if table_name == "interactions" else "ts"
-    hours = pc.divide(pc.cast(pc.cast(table[col], pa.int64()), pa.int64()), 3_600_000_000).to_numpy()
-    order = np.argsort(hours, kind="stable")
-    table, hours = table.take(pa.array(order)), hours[order]
-    paths = []
-    bounds = np.flatnonzero(np.diff(hours)) + 1
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(hours)], strict=True):
-        ts = datetime.fromtimestamp(int(hours[lo]) * 3600, tz=timezone.utc)
-        paths.append(lake.write_partition(table_name, ts, table.slice(lo, hi - lo), name=f"{tag}.parquet"))
-    return paths

@@ -18,9 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from rl_core.lake import Lake
-
-SIGNALS = ("edit_persisted", "edit_reverted", "dissatisfied_followup", "latency", "tool_call_validity",
-           "clarification", "thumbs")
+from rl_core.rewards import SIGNALS
 
 
 @dataclass
