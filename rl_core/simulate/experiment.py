@@ -346,6 +346,8 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
                         "replace the flags above; writes summary-seed<k>.json per seed, pooled.json, a plot")
     p.add_argument("--seed", type=int, action="append", default=None,
                    help="with --protocol: run only this seed of the protocol (repeatable; default all)")
+    p.add_argument("--report", action="store_true",
+                   help="with --protocol: run nothing, rewrite results.md, pooled.json and the plot from the summaries in --out")
     p.set_defaults(run=_run)
 
 
@@ -358,7 +360,8 @@ def _run(args) -> int:
 
         try:
             with exit_on_sigterm():
-                return protocol.main(args.protocol, args.seed, None, Path(args.out) if args.out else None)
+                return protocol.main(args.protocol, args.seed, None, Path(args.out) if args.out else None,
+                                     run=not args.report)
         except (ValueError, OSError) as exc:  # a bad protocol file: name it, run nothing
             print(f"rtrl experiment --protocol: {exc}", file=sys.stderr)
             return 2

@@ -221,25 +221,29 @@ def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
     matplotlib.use("Agg")  # headless: files only
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 1 + len(features), figsize=(5 * (1 + len(features)), 4), squeeze=False)
+    n = 1 + len(features)
+    fig, grid = plt.subplots((n + 2) // 3, min(n, 3), figsize=(5 * min(n, 3), 4 * ((n + 2) // 3)), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[n:]:
+        ax.axis("off")
     for s in summaries:
         cyc = [c["cycle"] for c in s["cycles"]]
         ys = [c["mean_reward"] for c in s["cycles"]]
         err = [[y - c["reward_ci"][0], c["reward_ci"][1] - y] if c["reward_ci"] else [0, 0]
                for y, c in zip(ys, s["cycles"], strict=True)]
-        axes[0][0].errorbar(cyc, ys, yerr=list(zip(*err, strict=True)), marker="o", capsize=3, label=f"seed {s['seed']}")
-        for ax, name in zip(axes[0][1:], features, strict=True):
+        axes[0].errorbar(cyc, ys, yerr=list(zip(*err, strict=True)), marker="o", capsize=3, label=f"seed {s['seed']}")
+        for ax, name in zip(axes[1:n], features, strict=True):
             r = [c["feature_rates"][name] for c in s["cycles"]]
             ax.errorbar(cyc, [x["rate"] for x in r], capsize=3, marker="o", label=f"seed {s['seed']}, all",
                         yerr=[[x["rate"] - x["ci_low"] for x in r], [x["ci_high"] - x["rate"] for x in r]])
             for org, ys in (s.get("orgs") or {}).get("org_rates_by_cycle", {}).items():  # orgs: each org's line
                 ax.plot(cyc, [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
                         label=f"seed {s['seed']}, {org}")
-    axes[0][0].set_title("mean reward (95% CI over users)")
-    for ax, name in zip(axes[0][1:], features, strict=True):
-        ax.set_title(f"{name} rate (95% CI)")
+    axes[0].set_title("mean reward (95% CI over users)")
+    for ax, name in zip(axes[1:n], features, strict=True):
+        ax.set_title(f"{name} rate (95% CI)" + (" - preferred" if name == features[0] else ""))
         ax.set_ylim(0, 1)
-    for ax in axes[0]:
+    for ax in axes[:n]:
         ax.set_xticks(sorted({c["cycle"] for s in summaries for c in s["cycles"]}))
         ax.set_xlabel("cycle (1 = base v1)")
         ax.grid(alpha=0.3)
@@ -288,18 +292,22 @@ def _org_row(s: dict) -> str:
             f"{'isolated' if o['checks']['adapters_isolated'] else 'LEAK'} | {s['ab']['decision']} | {s['minutes']} |")
 
 
-def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | None) -> int:
-    """`rtrl experiment --protocol FILE [--seed K ...]`: run the seeds, then summarise every seed found in out."""
+def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | None, run: bool = True) -> int:
+    """`rtrl experiment --protocol FILE [--seed K ...]`: run the seeds, then summarise every seed found in out
+    (run=False, `--report`: only summarise what is there)."""
     proto = load_protocol(path)
     out = out or Path(os.environ.get("RTRL_HOME", "var")) / "protocols" / proto.name / "out"
-    run_protocol(path, seeds, home, out)
+    if run:
+        run_protocol(path, seeds, home, out)
     summaries = [json.loads((out / f"summary-seed{k}.json").read_text()) for k in proto.seeds
                  if (out / f"summary-seed{k}.json").exists()]
     pool = (pooled(summaries, proto) if proto.dag == "cycle" and sum(len(s["user_diffs"]) for s in summaries) > 1
             else None)
     if pool:
         (out / "pooled.json").write_text(json.dumps(pool, indent=1))
-    features = [proto.feature]
+    # the preferred feature, then every other feature the base shows in 15-85% of answers (side effects)
+    base = summaries[0]["cycles"][0]["feature_rates"] if summaries else {}
+    features = [proto.feature] + [f for f, r in base.items() if f != proto.feature and 0.15 <= r["rate"] <= 0.85]
     png = plot(summaries, features, out / "learning_curves.png")
     md = markdown(summaries, pool)
     (out / "results.md").write_text(md)
