@@ -13,20 +13,28 @@ and the cycle's promotion path stays exactly as it is. This file holds no busine
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
+from pathlib import Path
 
-from airflow.sdk import DeltaDataIntervalTimetable, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
+
+try:
+    from rtrl_operators.grid_timetable import GridTimetable
+except ImportError:  # plugins folder not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins"))
+    from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
-from rl_core.cycle import SCHEDULE_ANCHOR
+from rl_core.window import SCHEDULE_ANCHOR
 
 AF = load_config().airflow
 
 
 @task(retries=0, doc_md="The harvest window and run id (as realtime_rl resolves them) and the policy version.")
 def window() -> dict:
-    from rl_core.cycle import resolve_window
     from rl_core.registry.store import version_for_alias
+    from rl_core.window import resolve_window
 
     ctx = get_current_context()
     p = ctx["params"]
@@ -86,7 +94,7 @@ def report(w: dict, orgs: list[str]) -> dict:
 
 @dag(
     dag_id=f"{AF.dag_id}_orgs",
-    schedule=DeltaDataIntervalTimetable(timedelta(hours=AF.schedule_hours)),
+    schedule=GridTimetable(AF.schedule_hours, SCHEDULE_ANCHOR),  # realtime_rl's windows
     start_date=SCHEDULE_ANCHOR,
     catchup=False,
     max_active_runs=1,

@@ -20,16 +20,18 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from airflow.sdk import Asset, DeltaDataIntervalTimetable, Param, TaskGroup, dag, get_current_context, task
+from airflow.sdk import Asset, Param, TaskGroup, dag, get_current_context, task
 
 try:
     from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+    from rtrl_operators.grid_timetable import GridTimetable
 except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configured without it)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins"))
     from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+    from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
-from rl_core.cycle import SCHEDULE_ANCHOR
+from rl_core.window import SCHEDULE_ANCHOR
 
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
 
@@ -134,7 +136,7 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
 
 @dag(
     dag_id=AF.dag_id,
-    schedule=DeltaDataIntervalTimetable(timedelta(hours=AF.schedule_hours)),  # data interval = harvest window
+    schedule=GridTimetable(AF.schedule_hours, SCHEDULE_ANCHOR),  # data interval = harvest window, on the grid
     start_date=SCHEDULE_ANCHOR,
     catchup=False,
     max_active_runs=1,

@@ -1,7 +1,7 @@
 """`rtrl cycle` / `make cycle`: one real cycle on the embedded stack, plus the glue the DAG shares.
 
-The DAG (dags/realtime_rl.py) calls `resolve_window` to turn Airflow's data interval (or the manual
-`start`/`end` params) into the harvest window and its run id. `run_cycle` is what `make cycle` runs:
+The window helpers (`resolve_window`, `run_id_for`, the grid's anchor) live in rl_core/window.py and are
+re-exported here for the callers that import them from this module. `run_cycle` is what `make cycle` runs:
 `rtrl init` if needed, the serving gateway as a subprocess, simulated users driving it over HTTP,
 compaction into the lake, `airflow dags test realtime_rl` on exactly the window the traffic fell in,
 then a summary read back from the lake and MLflow. Everything it starts it stops (process groups).
@@ -23,74 +23,13 @@ from typing import Any
 
 from rl_core.config import REPO_ROOT
 from rl_core.runtime.procs import exit_on_sigterm, start, stop, wait_http
-
-# The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
-SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class Window:
-    start: datetime
-    end: datetime
-    run_id: str
-
-    def to_xcom(self, **extra: Any) -> dict[str, Any]:
-        return {"run_id": self.run_id, "start": self.start.isoformat(), "end": self.end.isoformat(), **extra}
-
-
-def _parse_ts(name: str, value: Any) -> datetime:
-    if isinstance(value, datetime):
-        ts = value
-    else:
-        try:
-            ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(f"param {name}={value!r}: not an ISO-8601 timestamp") from None
-    if ts.tzinfo is None:
-        raise ValueError(f"param {name}={value!r}: needs a timezone (e.g. 2026-12-02T10:00:00+00:00)")
-    return ts.astimezone(UTC)
-
-
-def _stamp(ts: datetime) -> str:
-    return ts.strftime("%Y%m%dT%H%M%S" if ts.second or ts.microsecond else "%Y%m%dT%H%M")
-
-
-def run_id_for(start: datetime, end: datetime, schedule_hours: int) -> str:
-    """cycle-<end> for a scheduled-length window, cycle-<start>-<end> otherwise: same window, same id."""
-    if end - start == timedelta(hours=schedule_hours):
-        return f"cycle-{_stamp(end)}"
-    return f"cycle-{_stamp(start)}-{_stamp(end)}"
-
-
-def latest_window_end(now: datetime, schedule_hours: int) -> datetime:
-    step = timedelta(hours=schedule_hours)
-    return SCHEDULE_ANCHOR + ((now - SCHEDULE_ANCHOR) // step) * step
-
-
-def resolve_window(
-    params: dict[str, Any],
-    interval_start: datetime | None,
-    interval_end: datetime | None,
-    schedule_hours: int,
-    now: datetime | None = None,
-) -> Window:
-    """The harvest window: the `start`/`end` params when given, else the data interval, else the last
-    complete scheduled interval (a manual trigger without a logical date has no data interval)."""
-    start, end = params.get("start"), params.get("end")
-    if (start is None) != (end is None):
-        raise ValueError("params start and end go together: give both or neither")
-    if start is not None:
-        s, e = _parse_ts("start", start), _parse_ts("end", end)
-    elif interval_start is not None and interval_end is not None and interval_end > interval_start:
-        s, e = _parse_ts("data_interval_start", interval_start), _parse_ts("data_interval_end", interval_end)
-    else:
-        e = latest_window_end(now or datetime.now(UTC), schedule_hours)
-        s = e - timedelta(hours=schedule_hours)
-    if e <= s:
-        raise ValueError(f"window end {e.isoformat()} must be after start {s.isoformat()}")
-    return Window(s, e, run_id_for(s, e, schedule_hours))
-
-
+from rl_core.window import (  # noqa: F401  re-exported: the window helpers moved to rl_core/window.py
+    SCHEDULE_ANCHOR,
+    Window,
+    latest_window_end,
+    resolve_window,
+    run_id_for,
+)
 
 # --- processes (rl_core/runtime/procs.py): everything started here runs in its own session ---------------------
 

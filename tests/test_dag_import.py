@@ -62,10 +62,12 @@ def test_tasks_are_the_cycle_in_order_and_acyclic(dag):
 
 
 def test_schedule_is_a_data_interval_every_5_hours(dag):
-    from airflow.sdk import DeltaDataIntervalTimetable
+    from rtrl_operators.grid_timetable import GridTimetable
 
-    assert isinstance(dag.timetable, DeltaDataIntervalTimetable)
-    assert dag.timetable.delta == timedelta(hours=5)
+    from rl_core.window import SCHEDULE_ANCHOR
+
+    assert isinstance(dag.timetable, GridTimetable)  # on the grid: tests/test_dag_timetable.py
+    assert dag.timetable.period == timedelta(hours=5) and dag.timetable.anchor == SCHEDULE_ANCHOR
     assert dag.catchup is False and dag.max_active_runs == 1
 
 

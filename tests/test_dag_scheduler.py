@@ -14,8 +14,9 @@ import pytest
 
 # Windows on the schedule's grid (anchor 2026-01-01T00:00Z, every 5 h): 2026-12-01T00:00 is 8016 h = 1603.2
 # periods after it, so the grid points that day are 04:00, 09:00, 14:00, 19:00.
-BACKFILL_FROM = datetime(2026, 12, 1, 4, tzinfo=UTC)  # runs at 04:00 and 09:00 -> windows [04,09) [09,14)
-BACKFILL_TO = datetime(2026, 12, 1, 9, tzinfo=UTC)
+BACKFILL_FROM = datetime(2026, 12, 1, 4, tzinfo=UTC)  # the grid windows inside [04:00, 14:00]: [04,09) [09,14)
+BACKFILL_TO = datetime(2026, 12, 1, 14, tzinfo=UTC)
+BACKFILL_STARTS = [BACKFILL_FROM, BACKFILL_FROM + timedelta(hours=5)]
 TRIGGER_WINDOW = (datetime(2026, 12, 1, 14, tzinfo=UTC), datetime(2026, 12, 1, 19, tzinfo=UTC))
 
 
@@ -80,7 +81,7 @@ def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
     cfg = registered
     assert (BACKFILL_FROM - SCHEDULE_ANCHOR) % timedelta(hours=5) == timedelta(0)
     # seeds whose few synthetic users span both orgs: else gate_episodes (max_org_share) rightly refuses
-    for seed, start in zip((3, 10, 11), [BACKFILL_FROM, BACKFILL_TO, TRIGGER_WINDOW[0]], strict=True):
+    for seed, start in zip((3, 10, 11), [*BACKFILL_STARTS, TRIGGER_WINDOW[0]], strict=True):
         _data(cfg, start, start + timedelta(hours=5), seed=seed)
     port = free_port()
     log = tmp_path / "standalone.log"
@@ -122,7 +123,7 @@ def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
             assert time.time() < deadline, stalled(api, runs, log)
             time.sleep(5)
         intervals = sorted(r["data_interval_start"] for r in runs if r["run_type"] == "backfill")
-        assert [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in intervals] == [BACKFILL_FROM, BACKFILL_TO]
+        assert [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in intervals] == BACKFILL_STARTS
     finally:
         stop(proc)
     lake = Lake(cfg.lake_root)

@@ -1,0 +1,100 @@
+"""The schedule's grid and a cycle's harvest window, in one place for every part that needs them.
+
+Grid windows are [SCHEDULE_ANCHOR + k*period, SCHEDULE_ANCHOR + (k+1)*period), UTC, with period
+`[airflow] schedule_hours`. The Airflow timetable (plugins/rtrl_operators/grid_timetable.py) puts scheduled
+runs, backfills and manual runs with a logical date on this grid, the DAG's `window` task turns the data
+interval into the harvest window and its run id, and `rtrl cycle` names its run ids the same way. Why one
+grid: a window that straddles two scheduled ones harvests turns they harvest too (Airflow's own delta
+timetable floors to multiples of the period since 1970, which for 5 h is one hour off this anchor).
+A manual run may still name any window with the start/end params; the episode ledger (rl_core/ledger.py)
+keeps overlapping windows from training an episode twice.
+
+Stdlib only: the timetable plugin imports this in the scheduler and the API server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+# The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
+SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime
+    end: datetime
+    run_id: str
+
+    def to_xcom(self, **extra: Any) -> dict[str, Any]:
+        return {"run_id": self.run_id, "start": self.start.isoformat(), "end": self.end.isoformat(), **extra}
+
+
+def _parse_ts(name: str, value: Any) -> datetime:
+    if isinstance(value, datetime):
+        ts = value
+    else:
+        try:
+            ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"param {name}={value!r}: not an ISO-8601 timestamp") from None
+    if ts.tzinfo is None:
+        raise ValueError(f"param {name}={value!r}: needs a timezone (e.g. 2026-12-02T10:00:00+00:00)")
+    return ts.astimezone(UTC)
+
+
+def _stamp(ts: datetime) -> str:
+    return ts.strftime("%Y%m%dT%H%M%S" if ts.second or ts.microsecond else "%Y%m%dT%H%M")
+
+
+def run_id_for(start: datetime, end: datetime, schedule_hours: int) -> str:
+    """cycle-<end> for a scheduled-length window, cycle-<start>-<end> otherwise: same window, same id."""
+    if end - start == timedelta(hours=schedule_hours):
+        return f"cycle-{_stamp(end)}"
+    return f"cycle-{_stamp(start)}-{_stamp(end)}"
+
+
+def grid_floor(ts: datetime, schedule_hours: int, anchor: datetime = SCHEDULE_ANCHOR) -> datetime:
+    """The latest grid point at or before ts (ts must be timezone-aware)."""
+    step = timedelta(hours=schedule_hours)
+    return anchor + ((ts - anchor) // step) * step
+
+
+def grid_ceil(ts: datetime, schedule_hours: int, anchor: datetime = SCHEDULE_ANCHOR) -> datetime:
+    """The earliest grid point at or after ts."""
+    floor = grid_floor(ts, schedule_hours, anchor)
+    return floor if floor == ts else floor + timedelta(hours=schedule_hours)
+
+
+def on_grid(ts: datetime, schedule_hours: int, anchor: datetime = SCHEDULE_ANCHOR) -> bool:
+    return grid_floor(ts, schedule_hours, anchor) == ts
+
+
+def latest_window_end(now: datetime, schedule_hours: int) -> datetime:
+    return grid_floor(now, schedule_hours)
+
+
+def resolve_window(
+    params: dict[str, Any],
+    interval_start: datetime | None,
+    interval_end: datetime | None,
+    schedule_hours: int,
+    now: datetime | None = None,
+) -> Window:
+    """The harvest window: the `start`/`end` params when given, else the data interval, else the last
+    complete scheduled interval (a manual trigger without a logical date has no data interval)."""
+    start, end = params.get("start"), params.get("end")
+    if (start is None) != (end is None):
+        raise ValueError("params start and end go together: give both or neither")
+    if start is not None:
+        s, e = _parse_ts("start", start), _parse_ts("end", end)
+    elif interval_start is not None and interval_end is not None and interval_end > interval_start:
+        s, e = _parse_ts("data_interval_start", interval_start), _parse_ts("data_interval_end", interval_end)
+    else:
+        e = latest_window_end(now or datetime.now(UTC), schedule_hours)
+        s = e - timedelta(hours=schedule_hours)
+    if e <= s:
+        raise ValueError(f"window end {e.isoformat()} must be after start {s.isoformat()}")
+    return Window(s, e, run_id_for(s, e, schedule_hours))
