@@ -51,10 +51,13 @@ def org_targets(w: dict) -> list[str]:
     from datetime import datetime
 
     from rl_core.harvest import harvest
+    from rl_core.ledger import lineage_of
     from rl_core.orgs.branch import org_targets as targets
 
     cfg = load_config()
-    harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), w["policy_version"], w["run_id"])
+    # the ledger as realtime_rl's harvest consults it: both DAGs write this run's episodes.parquet, identically
+    harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), w["policy_version"], w["run_id"],
+            lineage=lineage_of(cfg, int(w["policy_version"])))
     orgs = targets(cfg, w["run_id"], w["min_episodes"])
     print(f"orgs with enough episodes: {orgs}")
     return orgs

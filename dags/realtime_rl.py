@@ -1,15 +1,19 @@
 """
 ### realtime_rl: one rtrl improvement cycle every few hours
 
-The data interval **is** the harvest window: a scheduled run harvests the interval that just ended, a
-backfill (UI, REST or `airflow backfill create`) re-runs exactly the windows asked for, and a manual run
-may name its own window with the `start`/`end` params. The run id derives from the window, so the same
-window always writes the same files under `runs/<run_id>/` (every stage is idempotent).
+The data interval **is** the harvest window, on one grid (anchor 2026-01-01T00:00Z + k x 5 h, GridTimetable):
+a scheduled run harvests the grid interval that just ended, a backfill (UI, REST or `airflow backfill
+create`) runs the grid windows inside its range, and a manual run may name its own window with the
+`start`/`end` params. The run id derives from the window, so the same window always writes the same files
+under `runs/<run_id>/` (every stage is idempotent). The `window` task's return value shows the rtrl run id
+beside the Airflow run id.
 
 Stages (task groups): ab -> harvest (harvest, gate_raw, gate_episodes) -> rewards (score, gate_rewards,
 monitors) -> train -> evaluate -> promote (register, gate_promotion, deploy). A failing gate fails its
-task without retry; everything downstream ends `upstream_failed` and no alias moves. `dry_run` computes
-everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
+task without retry (its log's first line says why); everything downstream ends `upstream_failed` and no
+alias moves. A window with nothing to train on (no traffic, or only episodes the policy's lineage already
+trained on: the ledger, rl_core/ledger.py) skips at `harvest` with the reason, and the rest ends `skipped`.
+`dry_run` computes everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
 
 This file holds no business logic: every task calls rl_core (design.md, "the cycle contract").
 """
@@ -50,15 +54,20 @@ IO_RETRIES = {  # I/O-bound tasks: lake, MLflow, a flaky network on production s
 HEAVY = {"pool": AF.training_pool, "retries": 1, "retry_delay": timedelta(seconds=AF.retry_delay_s)}
 
 
-@task(retries=0, doc_md="Resolve the harvest window and run id from the params or the data interval.")
+@task(retries=0, doc_md="Resolve the harvest window and rtrl run id (`runs/<run_id>/` in the lake, the `run_id` "
+                        "tag in MLflow) from the params or the data interval; its return value shows both ids.")
 def window() -> dict:
-    from rl_core.cycle import resolve_window
+    from rl_core.window import resolve_window
 
     ctx = get_current_context()
     w = resolve_window(
         ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours
     )
-    return w.to_xcom(dry_run=bool(ctx["params"].get("dry_run")), policy_version=ctx["params"].get("policy_version"))
+    # Airflow 3 gives a task no way to set its run's note, so the two ids meet here (first log line and the
+    # return value) and on the MLflow version and training run (tags airflow.run_id, run_id) at register.
+    print(f"rtrl run {w.run_id}: window [{w.start.isoformat()}, {w.end.isoformat()}) of Airflow run {ctx['run_id']}")
+    return w.to_xcom(dry_run=bool(ctx["params"].get("dry_run")), policy_version=ctx["params"].get("policy_version"),
+                     airflow_run_id=ctx["run_id"])
 
 
 @task(**IO_RETRIES, doc_md="A/B verdict for the live challenger from logged outcomes; promote or roll back.")
@@ -75,11 +84,16 @@ def ab_verdict(w: dict) -> dict:
     return {"action": str(action), "decision": result.decision}
 
 
-@task(**IO_RETRIES, outlets=[EPISODES], multiple_outputs=True, doc_md="Episodes of the policy version in the window, feedback joined.")
+@task(**IO_RETRIES, outlets=[EPISODES], multiple_outputs=True,
+      doc_md="Episodes of the policy version in the window, feedback joined, less those its lineage already "
+             "trained on (the ledger). Skips the rest of the cycle, with the reason, when there is nothing new.")
 def harvest(w: dict, _ab: dict) -> dict:
     from datetime import datetime
 
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from rl_core.harvest import harvest as run_harvest
+    from rl_core.ledger import lineage_of
     from rl_core.registry.store import version_for_alias
 
     cfg = load_config()
@@ -87,7 +101,12 @@ def harvest(w: dict, _ab: dict) -> dict:
     policy = w["policy_version"] or champion
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
-    r = run_harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), int(policy), w["run_id"])
+    r = run_harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), int(policy), w["run_id"],
+                    lineage=lineage_of(cfg, int(policy)))
+    reason = r.skip_reason()
+    if reason:  # skipped, not failed: an empty or already-trained window is not an error
+        print(f"SKIPPED: {reason}\nharvest: {r}")
+        raise AirflowSkipException(reason)
     print(f"harvest: {r}")
     # the monitors' reference is the champion even when the update starts from a newer version
     return {**w, "policy_version": int(policy), "monitor_parent": int(champion or policy), "episodes": int(r.n_episodes)}
@@ -116,11 +135,17 @@ def evaluate(w: dict, trained: dict) -> dict:
 def register(w: dict, _evaluated: dict) -> int | None:
     from airflow.sdk.exceptions import AirflowSkipException
 
+    from rl_core.ledger import EpisodesConsumed
     from rl_core.registry.register import register_run
 
     if w["dry_run"]:
         raise AirflowSkipException("dry run: nothing registered")
-    version = int(register_run(load_config(), w["run_id"]))
+    try:  # the Airflow run goes on the version and on the trainer's MLflow run
+        version = int(register_run(load_config(), w["run_id"], tags={"airflow.dag_id": AF.dag_id,
+                                                                      "airflow.run_id": w.get("airflow_run_id", "")}))
+    except EpisodesConsumed as exc:  # another run registered these episodes while this one trained
+        print(f"SKIPPED: {exc}")
+        raise AirflowSkipException(str(exc)) from exc
     print(f"registered version {version}")
     return version
 

@@ -8,6 +8,9 @@ Data rights are applied here, before anything is trained on: rows of an org in h
 rows under a recorded `rtrl forget` request (forget/registry.json) never become episodes, even when they
 reach the lake after the request (events still in flight). `org_id=` narrows a harvest to one
 organisation, for its adapter (rl_core/orgs).
+Given the policy's lineage, the harvest also leaves out episodes that lineage already trained on (the ledger,
+rl_core/ledger.py), so overlapping windows never train an episode twice; `HarvestResult.skip_reason` says
+when a window has nothing to train on at all (no traffic, or only consumed episodes).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import os
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +34,9 @@ import pyarrow.parquet as pq
 from rl_core.config import REPO_ROOT, Config
 from rl_core.lake import Lake
 from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, TS
+
+if TYPE_CHECKING:
+    from rl_core.ledger import Lineage
 
 SQL_DIR = REPO_ROOT / "sql"
 BATCH_ROWS = 65_536
@@ -88,6 +95,22 @@ class HarvestResult:
     n_feedback_files: int
     n_excluded: int = 0  # in the window but opted out or forgotten (data rights)
     org_id: str | None = None  # set for a per-organisation harvest
+    n_consumed: int = 0  # in the window and the version bound, but already trained on in the lineage (ledger)
+    lineage: str | None = None  # the ledger's lineage the harvest consulted (None: none)
+    consumed_by: list[dict] = field(default_factory=list)  # [{run_id, version, n}]: who consumed them
+
+    def skip_reason(self) -> str | None:
+        """Why this window has nothing to train on, when that is not a data defect: no traffic at all, or
+        only episodes the lineage already trained on. None when there are episodes, or when the window's
+        traffic is all stale or excluded (the gates then say what is wrong with it)."""
+        window = f"[{self.start}, {self.end})"
+        if self.n_interactions == 0:
+            return f"no traffic in {window}: the lake has no interaction in this window, nothing to train on"
+        if self.n_episodes == 0 and self.n_consumed:
+            runs = ", ".join(f"run {c['run_id']} (v{c['version']}, {c['n']})" for c in self.consumed_by)
+            return (f"nothing new in {window}: all {self.n_consumed} episodes of policy v{self.policy_version} "
+                    f"were already trained on in lineage {self.lineage} by {runs or 'earlier runs'}")
+        return None
 
 
 # --- DuckDB helpers shared by rewards and quality -----------------------------------------------------
@@ -265,9 +288,12 @@ def _episode_batches(lake: Lake, joined: pa.Table, paths: dict[str, str]):
 # --- the stage ----------------------------------------------------------------------------------------
 
 def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
-            org_id: str | None = None) -> HarvestResult:
+            org_id: str | None = None, lineage: Lineage | None = None) -> HarvestResult:
     """Write runs/<run_id>/episodes.parquet (+ harvest.json) for interactions in [start, end)
-    (of org_id only, when given), leaving out opted-out orgs and forgotten orgs/users."""
+    (of org_id only, when given), leaving out opted-out orgs and forgotten orgs/users, and (given the policy's
+    lineage) episodes other runs of that lineage already trained on."""
+    from rl_core.ledger import bind_consumed  # the ledger reads the lake through this module's helpers
+
     start, end = utc(start, "start"), utc(end, "end")
     if org_id is not None and (not isinstance(org_id, str) or not org_id.strip()):
         raise ValueError(f"org_id must be a non-empty string or None, got {org_id!r}")
@@ -288,14 +314,13 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
         excluded = excluded_table(cfg, lake)
         con.register("excluded", excluded)
-        params = {
-            "start": start, "end": end, "grace_end": grace_end, "policy_version": policy_version,
-            "max_staleness": hc.max_staleness, "granularity": hc.granularity, "discount": hc.session_discount,
-            "org_id": org_id,
-        }
-        n_window, n_excluded = con.execute(
-            load_sql("harvest_counts.sql"), {"start": start, "end": end, "org_id": org_id}
-        ).fetchall()[0]
+        bind_consumed(con, lake, lineage)
+        counts = {"start": start, "end": end, "org_id": org_id, "policy_version": policy_version,
+                  "max_staleness": hc.max_staleness, "run_id": run_id}
+        params = counts | {"grace_end": grace_end, "granularity": hc.granularity, "discount": hc.session_discount}
+        n_window, n_excluded, n_consumed = con.execute(load_sql("harvest_counts.sql"), counts).fetchall()[0]
+        consumed_by = [{"run_id": r, "version": int(v), "n": int(n)} for r, v, n in con.execute(
+            load_sql("ledger/consumed_in_window.sql"), counts).fetchall()] if n_consumed else []
         joined = con.sql(load_sql("harvest.sql"), params=params).to_arrow_table()
     finally:
         con.close()
@@ -304,8 +329,9 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
     result = HarvestResult(
         run_id=run_id, path=path, start=start.isoformat(), end=end.isoformat(), policy_version=policy_version,
         granularity=hc.granularity, n_interactions=int(n_window), n_episodes=n_rows,
-        n_stale=int(n_window) - n_rows - int(n_excluded), n_with_feedback=n_fb,
+        n_stale=int(n_window) - n_rows - int(n_excluded) - int(n_consumed), n_with_feedback=n_fb,
         n_interaction_files=len(ifiles), n_feedback_files=len(ffiles), n_excluded=int(n_excluded), org_id=org_id,
+        n_consumed=int(n_consumed), lineage=None if lineage is None else str(lineage), consumed_by=consumed_by,
     )
     manifest = asdict(result) | {"path": episodes_path(lake, run_id), "max_staleness": hc.max_staleness,
                                   "grace_hours": hc.grace_hours, "session_discount": hc.session_discount,

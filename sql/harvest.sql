@@ -15,6 +15,9 @@
 -- Data rights: view `excluded` (org_id, user_id) holds the opted-out orgs and the forget registry's requests
 -- (user_id NULL = the whole org); their rows never become episodes. $org_id (NULL = every org) narrows the
 -- harvest to one organisation, for its adapter.
+-- Ledger: view `consumed` (event_id, run_id, ...) holds the episodes the policy's lineage already trained on
+-- (rl_core/ledger.py); they never become episodes again, except in the run that consumed them ($run_id: a
+-- rerun of that run harvests the same episodes). Empty when the caller passes no lineage.
 WITH win AS (
     SELECT *
     FROM interactions i
@@ -25,6 +28,7 @@ WITH win AS (
           SELECT 1 FROM excluded x
           WHERE x.org_id = i.org_id AND (x.user_id IS NULL OR x.user_id = i.user_id)
       )
+      AND NOT EXISTS (SELECT 1 FROM consumed c WHERE c.event_id = i.event_id AND c.run_id <> $run_id)
 ),
 fb AS (
     SELECT f.*

@@ -27,7 +27,7 @@ def write_run(cfg, run_id: str, ckpt_src: Path, parent: int, *, failing: str | N
     })
     lake.write_json(f"runs/{run_id}/harvest.json", {"start": WINDOW[0], "end": WINDOW[1], "policy_version": parent,
                                                     "n_episodes": episodes})
-    ids = [f"e{i}" for i in range(episodes)]
+    ids = [f"{run_id}-e{i}" for i in range(episodes)]  # each run its own episodes: the ledger refuses reuse
     lake.write_parquet(f"runs/{run_id}/episodes.parquet", pa.table({"event_id": ids}))
     lake.write_parquet(f"runs/{run_id}/rewards.parquet", pa.table({
         "event_id": ids, "reward": [0.5] * episodes, "reward_config_hash": [cfg.rewards.config_hash()] * episodes}))

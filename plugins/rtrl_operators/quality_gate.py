@@ -95,18 +95,28 @@ class DataQualityGateOperator(BaseOperator):
         args = self._args()  # bad input fails before anything is imported or read
         cfg = load_config()
         fn = import_callable(self.callable_path)
-        self.log.info("check %s: %s(cfg, %s)", self.check, self.callable_path, ", ".join(map(repr, args)))
         try:
             verdict = fn(cfg, *args)
         except GateFailed as exc:
             verdict = exc.verdict
         if verdict is None or not hasattr(verdict, "passed"):
             raise AirflowFailException(f"{self.callable_path} returned {verdict!r}, not a Verdict")
-        self.log.info("verdict %s: %s\n%s", verdict.name, "PASSED" if verdict.passed else "FAILED", report(verdict))
+        # the reason first: it is the line a person opening the failed task's log reads (Airflow 3 gives a task
+        # no API to set its own note); then the call, then the full report
+        (self.log.info if verdict.passed else self.log.error)("%s", headline(verdict))
+        self.log.info("check %s: %s(cfg, %s)\n%s", self.check, self.callable_path, ", ".join(map(repr, args)),
+                      report(verdict))
         if not verdict.passed:
             reasons = "\n  - ".join(verdict.reasons or ["(no reason given)"])
             raise AirflowFailException(f"{verdict.name} refused the cycle:\n  - {reasons}")
         return {"name": verdict.name, "passed": True, "reasons": list(verdict.reasons)}
+
+
+def headline(verdict: Any) -> str:
+    """One line: the verdict and, when it refuses, every reason (`; `-joined)."""
+    if verdict.passed:
+        return f"{verdict.name} PASSED"
+    return f"{verdict.name} refused the cycle: " + "; ".join(verdict.reasons or ["(no reason given)"])
 
 
 def report(verdict: Any) -> str:

@@ -7,6 +7,7 @@ count, share and example ids/values, which is what GateFailed prints and the ver
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -31,14 +32,30 @@ class Outcome:
 
 _CTX = None
 
+# GX talks at INFO, and a task log shows INFO: its public-API registry alone (logger
+# great_expectations._docs_decorators) logs "Skipping registering function ... because it is a closure" for
+# ~220 functions on import, then come metric re-declarations (.expectations.registry) and the ephemeral docs
+# site (.data_context.types.base, which GX pins to INFO itself), all before the gate's verdict. GX's
+# warnings and errors still show. Called before GX is imported and again once it is (for the pinned ones).
+GX_LOGGER = "great_expectations"
+
+
+def _quiet_gx() -> None:
+    logging.getLogger(GX_LOGGER).setLevel(logging.WARNING)
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith(GX_LOGGER + ".") and isinstance(lg, logging.Logger) and 0 < lg.level < logging.WARNING:
+            lg.setLevel(logging.NOTSET)  # inherit WARNING
+
 
 def _context():
     global _CTX
     if _CTX is None:
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+        _quiet_gx()
         import great_expectations as gx
         from great_expectations.data_context.types.base import ProgressBarsConfig
 
+        _quiet_gx()
         _CTX = gx.get_context(mode="ephemeral")
         _CTX.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
     return _CTX
@@ -46,6 +63,7 @@ def _context():
 
 def validate(df, checks: list[Check], name: str, id_column: str | None = "event_id") -> Outcome:
     """Validate df against checks; the id column (if present) gives example ids for each failure."""
+    _quiet_gx()  # before the first import of great_expectations
     import great_expectations as gx
     import great_expectations.expectations as gxe
 

@@ -44,12 +44,13 @@ def add_register(p: argparse.ArgumentParser) -> None:
 
 
 def _register(args) -> int:
+    from rl_core.ledger import EpisodesConsumed
     from rl_core.registry.register import RegisterError, register_run
 
     cfg = _cfg()
     try:
         version = register_run(cfg, args.run_id)
-    except RegisterError as exc:
+    except (RegisterError, EpisodesConsumed) as exc:
         return _fail("register", exc)
     print(f"{cfg.mlflow.model_name} version {version} <- run {args.run_id}")
     return 0

@@ -10,6 +10,10 @@ Inputs, all from the run's folder in the lake: train/summary.json (checkpoint pa
 trainer metrics, the trainer's MLflow run id if it logged one), harvest.json (window, policy version),
 episodes.parquet (count), rewards.parquet (reward_config_hash), verdicts/*.json. Registering the same
 run twice returns the existing version (found by its run_id tag): reruns and retries are safe.
+
+Registering is also the moment a run consumes its episodes (rl_core/ledger.py): the ledger records them
+for the parent's lineage once the version exists (and again, idempotently, when a rerun finds it), and a run
+whose episodes another run of the lineage already consumed is refused with EpisodesConsumed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from rl_core import ledger
 from rl_core.lake import Lake
 from rl_core.registry import store
 from rl_core.reports import read_verdicts
@@ -143,19 +148,30 @@ def _existing_run(cfg, mlflow_run_id: str | None) -> str | None:
     return mlflow_run_id
 
 
-def register_run(cfg, run_id: str) -> int:
-    """The run's checkpoint as a new version of cfg.mlflow.model_name (or the version it already has)."""
+def register_run(cfg, run_id: str, tags: dict[str, str] | None = None) -> int:
+    """The run's checkpoint as a new version of cfg.mlflow.model_name (or the version it already has), its
+    episodes recorded as consumed. tags: more tags for the version and its MLflow run (e.g. the Airflow run);
+    they never replace a lineage tag. Raises EpisodesConsumed when other runs already trained on them."""
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise RegisterError(f"run_id {run_id!r} must be a plain name (letters, digits, _ . : + -)")
     existing = find_version(cfg, run_id)
-    if existing is not None:
+    if existing is not None:  # a rerun; it also records the episodes if a crash came between the two writes
+        parent = store.get_version(cfg, existing).tags.get("parent_version")
+        if parent:
+            ledger.consume(cfg, run_id, existing, int(parent))
         return existing
     info = lineage(cfg, run_id)
-    return store.register_checkpoint(
+    parent = int(info["tags"]["parent_version"])
+    family = ledger.lineage_of(cfg, parent)
+    if taken := ledger.consumed_by_others(cfg, run_id, family):
+        raise ledger.EpisodesConsumed(run_id, family, taken)
+    version = store.register_checkpoint(
         cfg,
         info["checkpoint"],
         run_name=run_id,
-        tags=info["tags"],
+        tags={**(tags or {}), **info["tags"]},
         metrics=info["metrics"],
         run_id=_existing_run(cfg, info["mlflow_run_id"]),
     )
+    ledger.consume(cfg, run_id, version, parent)
+    return version

@@ -1,0 +1,161 @@
+"""What an operator sees (issue 22), through real `dag.test()` runs and the real gate operator.
+
+- Overlapping windows train each episode once: a manual run (a `make cycle`-style window around the traffic)
+  trains and registers; the scheduled run of the same traffic then skips, naming the run that consumed it.
+- A window without traffic ends skipped with its reason, not failed at gate_raw with "observed 0".
+- A gate's refusal is the first line of its log; Great Expectations' registry noise is gone.
+- The two run ids meet: the window task's return value and first log line carry both, and the MLflow version
+  and training run carry the Airflow run id.
+Airflow metadata in the session's temp AIRFLOW_HOME (tests/conftest.py); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WINDOW_END = datetime(2026, 12, 2, 10, tzinfo=UTC)  # logical date -> data interval [05:00, 10:00) on the grid
+RUN_ID = "cycle-20261202T1000"
+MANUAL = {"start": "2026-12-02T04:30:00+00:00", "end": "2026-12-02T10:30:00+00:00"}  # around the traffic
+MANUAL_RUN = "cycle-20261202T0430-20261202T1030"
+AFTER_HARVEST = ["harvest.gate_raw", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards",
+                 "rewards.monitors", "train.train", "evaluate.evaluate", "promote.register",
+                 "promote.gate_promotion", "promote.deploy"]
+
+
+@pytest.fixture
+def af(registered, monkeypatch):
+    """A registered tiny champion (version 1), a migrated Airflow DB with the training pool, quick retries."""
+    airflow = str(Path(sys.executable).parent / "airflow")
+    env = dict(os.environ)
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    subprocess.run([airflow, "pools", "set", "rtrl_training", "1", "rtrl tests"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    monkeypatch.setenv("RTRL_AIRFLOW__RETRY_DELAY_S", "1")
+    return registered
+
+
+def traffic(cfg, n: int = 24) -> None:
+    from rl_core.lake import Lake
+    from rl_core.testing.synth import ArmSpec, generate
+
+    generate(n, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),
+             arms=(ArmSpec(name="champion", model_version=1, share=1.0),), orgs=tuple(cfg.simulate.orgs),
+             grace_hours=cfg.harvest.grace_hours)
+
+
+def run_at(logical_date: datetime, conf: dict | None = None) -> tuple[str, dict[str, str], str, dict]:
+    """One dag.test() run; returns its state, every task's state, the Airflow run id, and the window task's
+    return value (as the UI shows it)."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["realtime_rl"]
+    dr = dag.test(logical_date=logical_date, run_conf=conf or {})
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(TaskInstance.dag_id == dag.dag_id,
+                                                 TaskInstance.run_id == dr.run_id).all()
+        xcom = session.query(XComModel).filter(XComModel.dag_id == dag.dag_id, XComModel.run_id == dr.run_id,
+                                               XComModel.task_id == "window",
+                                               XComModel.key == "return_value").one()
+        window = XComModel.deserialize_value(xcom)
+        return str(dr.state), {ti.task_id: str(ti.state) for ti in tis}, dr.run_id, window
+
+
+@pytest.mark.slow  # two DAG runs, one of them a whole cycle with training: ~2-3 min on the loaded 2-core box
+def test_overlapping_windows_train_each_episode_once_and_the_ids_meet(af):
+    from rl_core.registry import store
+    from rl_core.registry.register import find_version
+
+    cfg = af
+    traffic(cfg)
+    state, tasks, manual_af_run, manual_window = run_at(WINDOW_END + timedelta(hours=5), MANUAL)
+    assert state == "success" and set(tasks.values()) == {"success"}, tasks
+    v2 = find_version(cfg, MANUAL_RUN)
+    assert v2 == 2 and store.aliases(cfg) == {"champion": 1, "challenger": 2}
+
+    # the scheduled run of the same traffic: every episode is consumed, so it skips, trains nothing
+    state, tasks, _, window = run_at(WINDOW_END)
+    assert window["run_id"] == RUN_ID
+    assert state == "success", tasks
+    assert tasks["harvest.harvest"] == "skipped", tasks
+    for tid in AFTER_HARVEST:
+        assert tasks[tid] == "skipped", (tid, tasks[tid])
+    assert find_version(cfg, RUN_ID) is None and store.known_versions(cfg) == [1, 2]
+    assert store.aliases(cfg) == {"champion": 1, "challenger": 2}
+    assert not (cfg.models_dir / "runs" / RUN_ID).exists()  # the trainer never started
+    from rl_core.harvest import read_manifest
+    from rl_core.lake import Lake
+
+    manifest = read_manifest(Lake(cfg.lake_root), RUN_ID)
+    assert manifest["n_consumed"] == 24 and manifest["consumed_by"][0]["run_id"] == MANUAL_RUN
+
+    # the ids meet: the window task's return value, the version and the trainer's MLflow run
+    assert manual_window["run_id"] == MANUAL_RUN and manual_window["airflow_run_id"] == manual_af_run
+    mv = store.get_version(cfg, v2)
+    assert mv.tags["run_id"] == MANUAL_RUN and mv.tags["airflow.run_id"] == manual_af_run
+    training = store.client(cfg).get_run(mv.run_id)
+    assert training.info.run_name == f"train-{MANUAL_RUN}" and training.data.tags["airflow.run_id"] == manual_af_run
+
+
+@pytest.mark.slow  # ~40 s: the DAG up to harvest
+def test_a_window_without_traffic_ends_skipped_not_failed(af):
+    from rl_core.harvest import read_manifest
+    from rl_core.lake import Lake
+    from rl_core.registry import store
+
+    cfg = af
+    state, tasks, _, _ = run_at(WINDOW_END)
+    assert state == "success", tasks  # the grid shows the run green with its tasks skipped, not red
+    assert tasks["window"] == "success" and tasks["ab.ab_verdict"] == "success"
+    assert tasks["harvest.harvest"] == "skipped", tasks
+    for tid in AFTER_HARVEST:
+        assert tasks[tid] == "skipped", (tid, tasks[tid])
+    assert read_manifest(Lake(cfg.lake_root), RUN_ID)["n_interactions"] == 0
+    assert store.known_versions(cfg) == [1] and store.aliases(cfg) == {"champion": 1}
+
+
+def test_a_gate_refusal_is_the_first_line_of_its_log(registered, capsys):
+    """gate_raw on planted defects, through the operator as the DAG runs it: the reasons come first."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from rtrl_operators import DataQualityGateOperator
+
+    from rl_core.lake import Lake
+    from rl_core.testing.synth import ArmSpec, Defects, generate
+
+    cfg = registered
+    generate(24, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),
+             arms=(ArmSpec(name="champion", model_version=1, share=1.0),), orgs=tuple(cfg.simulate.orgs),
+             defects=Defects(duplicate_events=4), grace_hours=cfg.harvest.grace_hours)
+    capsys.readouterr()
+    gate = DataQualityGateOperator(task_id="gate_raw", check="gate_raw", window={
+        "run_id": RUN_ID, "start": (WINDOW_END - timedelta(hours=5)).isoformat(), "end": WINDOW_END.isoformat()})
+    with pytest.raises(AirflowFailException, match="event_id unique"):
+        gate.execute({})
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if line.strip()]
+    assert "gate_raw refused the cycle: " in lines[0] and "event_id unique" in lines[0], lines[:3]
+    assert any('"interactions": ' in line for line in lines[1:])  # the full report follows
+
+
+def test_great_expectations_registry_noise_is_silenced():
+    """Importing GX logs ~220 'Skipping registering function ... because it is a closure' lines at INFO; a task
+    log runs at INFO. A fresh process (GX not yet imported) validating once must print none of them."""
+    code = ("import logging, sys\n"
+            "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "import pandas as pd\n"
+            "from rl_core.quality.gx import Check, validate\n"
+            "checks = [Check('ExpectColumnValuesToNotBeNull', {'column': 'event_id'}, 'present')]\n"
+            "print('success', validate(pd.DataFrame({'event_id': ['a', 'b']}), checks, 't').success)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert "success True" in out.stdout, out.stderr[-2000:]
+    assert "because it is a closure" not in out.stdout + out.stderr
+    assert "INFO:great_expectations" not in out.stdout + out.stderr  # nor GX's other INFO chatter
