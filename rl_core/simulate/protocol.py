@@ -100,7 +100,8 @@ def judge_last(cfg, curves: list[CycleMetrics], ab_test: bool = True) -> dict:
     if not ab_test:
         return {"monitors": {"passed": mon.passed, "reasons": mon.reasons}, "ab": {"decision": "n/a"}}
     ab = ab_verdict(cfg, datetime.fromisoformat(first.window[0]), datetime.fromisoformat(last.window[1]))
-    action = apply_verdict(cfg, ab)
+    # a version the monitors tripped is never promoted, whatever the A/B says (the decision is still reported)
+    action = apply_verdict(cfg, ab) if mon.passed else "not applied: the monitors tripped"
     return {"monitors": {"passed": mon.passed, "reasons": mon.reasons, "compared": mon.details.get("compared"),
                          "tripped": mon.details.get("tripped")},
             "ab": {"command": f"rtrl ab --since {first.window[0]} --until {last.window[1]} --apply",
@@ -272,13 +273,20 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
             f"| {s['seed']} | {p['n_users'] if p else 0} | {f(p['first_mean']) if p else 'n/a'} | "
             f"{f(p['last_mean']) if p else 'n/a'} | {f(p['diff']) if p else 'n/a'} | "
             + (f"[{f(p['ci_low'])}, {f(p['ci_high'])}]" if p else "n/a")
-            + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {'ok' if ck['eval_no_regression'] else 'REGRESSION'} | "
+            + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {_eval(s)} | "
             f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
     if pool:
         lines += ["", f"pooled over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
                       f"(SE {pool['se']:.3f}, 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); "
                       f"{pool['seeds_excluding_zero']} seed(s) exclude zero; success: {pool['success']}"]
     return "\n".join(lines) + "\n"
+
+
+def _eval(s: dict) -> str:
+    """The eval verdict of the update: ok, REGRESSION, or none when no update got that far."""
+    if not any("eval" in c["verdicts"] for c in s["cycles"]):
+        return "no eval (" + ", ".join(f"{k} failed" for c in s["cycles"] for k, v in c["verdicts"].items() if not v) + ")"
+    return "ok" if s["checks"]["eval_no_regression"] else "REGRESSION"
 
 
 def _org_row(s: dict) -> str:
