@@ -18,7 +18,6 @@ import json
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,33 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from rl_core.config import load_config
-    from rl_core.cycle import airflow_env
     from rl_core.init import init
-    from rl_core.runtime.procs import exit_on_sigterm, stop
-    from rl_core.serving import gateway as gw
     from rl_core.simulate.bank import load_bank
-    from rl_core.simulate.personas import make_users, orgs_from_config
-    from rl_core.simulate.runner import GatewayChat, SimSpec
+    from rl_core.simulate.runner import SimSpec, first_turns
 
     cfg = load_config()
     init(cfg, check_generation=False)
     spec = SimSpec.from_config(cfg)
-    orgs = orgs_from_config(cfg)
-    users = make_users(len(orgs) * 4, orgs, spec.seed)
     bank = [t for t in load_bank() if not cfg.simulate.tasks or t.id in cfg.simulate.tasks]
-    jobs = [(task, next(u for u in users[i % len(users):] + users if task.org in (None, u.org.org_id)), i)
-            for i, task in enumerate(bank)]  # a user of the task's org (any user for a shared task)
     t0 = time.time()
-    with exit_on_sigterm():
-        # one engine: a spare started beside it would only compete with the census for the CPU
-        proc, url = gw.start_gateway(cfg, airflow_env(cfg) | {"RTRL_SERVING__PREWARM_SPARE": "false"},
-                                     cfg.home_path / "logs" / "census-gateway.log")
-        try:
-            chat = GatewayChat(url, spec)
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                rows = [r for rs in pool.map(lambda j: ask(j[0], j[1], chat, args.samples, j[2]), jobs) for r in rs]
-        finally:
-            stop(proc)
+    rows = [r for rs in first_turns(cfg, bank, lambda task, user, chat, i: ask(task, user, chat, args.samples, i),
+                                    args.concurrency, "census-gateway.log") for r in rs]
     tab = table(rows, args.low, args.high)
     print(f"\n{cfg.model.base}, temperature {spec.temperature}, max_tokens {spec.max_tokens}, {len(bank)} tasks x "
           f"{args.samples} first-turn answers = {len(rows)} answers, {time.time() - t0:.0f} s\n")

@@ -20,7 +20,6 @@ import random
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -55,32 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from rl_core.config import load_config
-    from rl_core.cycle import airflow_env
     from rl_core.init import init
-    from rl_core.runtime.procs import exit_on_sigterm, stop
-    from rl_core.serving import gateway as gw
     from rl_core.simulate.bank import load_bank
-    from rl_core.simulate.personas import make_users, orgs_from_config
-    from rl_core.simulate.runner import GatewayChat, SimSpec
+    from rl_core.simulate.runner import SimSpec, first_turns
 
     cfg = load_config()
     init(cfg, check_generation=False)
     spec = SimSpec.from_config(cfg)
-    users = make_users(len(orgs_from_config(cfg)) * 4, orgs_from_config(cfg), spec.seed)
-    bank = load_bank()
     t0 = time.time()
-    with exit_on_sigterm():
-        proc, url = gw.start_gateway(cfg, airflow_env(cfg), cfg.home_path / "logs" / "probe-gateway.log")
-        try:
-            chat = GatewayChat(url, spec)
-            jobs = []
-            for i, task in enumerate(bank):  # a user of the task's org (any user for a shared task)
-                user = next(u for u in users[i % len(users):] + users if task.org in (None, u.org.org_id))
-                jobs.append((task, user, i))
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                rows = list(pool.map(lambda j: probe_task(j[0], j[1], chat, args.samples, j[2]), jobs))
-        finally:
-            stop(proc)
+    rows = first_turns(cfg, load_bank(), lambda task, user, chat, i: probe_task(task, user, chat, args.samples, i),
+                       args.concurrency, "probe-gateway.log")
     print(f"\n{cfg.model.base}, temperature {spec.temperature}, max_tokens {spec.max_tokens}, {args.samples} "
           f"first-turn answers per task, {time.time() - t0:.0f} s\n")
     print("| task | hard | org | hidden tests passed | pass rate | outcomes |")

@@ -137,3 +137,22 @@ def test_a_picky_user_reverts_a_passing_edit_that_breaks_a_code_convention():
     assert "comment the code" in text
     ok = _session(commented, block(fix.rstrip("\n") + "  # the sum\n"), persona="picky")
     assert "edit_persisted" in [e.kind for e in ok]
+
+
+@pytest.mark.slow
+def test_the_census_asks_every_bank_task_through_the_gateway(rtrl_home, tmp_path, capsys):
+    """bench/feature_census.py on the tiny model: one first-turn answer per bank task, served by a real gateway
+    through the openai SDK, each with every feature; the table lists every feature with its interval."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("feature_census", REPO / "bench/feature_census.py")
+    census = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(census)
+    out = tmp_path / "census.json"
+    assert census.main(["--samples", "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["answers"]) == len(load_bank()) and all(set(a["features"]) == set(FEATURES) for a in data["answers"])
+    assert {r["feature"] for r in data["table"]} == set(FEATURES)
+    assert all(r["ci_low"] <= r["rate"] <= r["ci_high"] for r in data["table"])
+    printed = capsys.readouterr().out
+    assert "| summary_first |" in printed and f"= {len(load_bank())} answers" in printed

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -251,3 +252,27 @@ def simulate(cfg, base_url: str | None = None, spec: SimSpec | None = None, *, c
     report.elapsed_s = time.monotonic() - t0
     report.stopped_by = "time" if time.monotonic() >= deadline and report.interactions < spec.interactions else "budget"
     return report
+
+
+def first_turns(cfg, tasks: list, ask: Callable, concurrency: int, log_name: str) -> list:
+    """ask(task, user, chat, i) for every task, each put as a first turn by a seeded user of the task's org
+    (any user for a shared task), to the champion served by a gateway of its own (one engine: a spare would
+    only compete for the CPU). How bench/task_probe.py and bench/feature_census.py question a model."""
+    from rl_core.cycle import airflow_env  # cycle imports this module: imported here to keep the graph acyclic
+    from rl_core.runtime.procs import exit_on_sigterm, stop
+    from rl_core.serving import gateway as gw  # the gateway module pulls in the serving stack
+
+    spec = SimSpec.from_config(cfg)
+    orgs = orgs_from_config(cfg)
+    users = make_users(len(orgs) * 4, orgs, spec.seed)
+    jobs = [(task, next(u for u in users[i % len(users):] + users if task.org in (None, u.org.org_id)), i)
+            for i, task in enumerate(tasks)]
+    with exit_on_sigterm():
+        proc, url = gw.start_gateway(cfg, airflow_env(cfg) | {"RTRL_SERVING__PREWARM_SPARE": "false"},
+                                     cfg.home_path / "logs" / log_name)
+        try:
+            chat = GatewayChat(url, spec)
+            with ThreadPoolExecutor(concurrency) as pool:
+                return list(pool.map(lambda j: ask(j[0], j[1], chat, j[2]), jobs))
+        finally:
+            stop(proc)
