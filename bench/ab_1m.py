@@ -34,9 +34,9 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="rtrl-bench-ab-"))
     os.environ.update({"RTRL_HOME": str(home), "RTRL_AB__BOOTSTRAP_ITERS": str(args.iters)})
+    from rl_core.ab import verdict
     from rl_core.config import load_config
     from rl_core.lake import Lake
-    from rl_core.registry import ab
     from rl_core.testing import ab_synth
     from rl_core.testing.ab_synth import ArmSpec
 
@@ -65,14 +65,14 @@ def main() -> None:
         return feedback.num_rows  # the tables go out of scope: the analysis reads the lake
 
     n_fb = simulate_and_write()
-    r = timed("ab_verdict: SQL + intervals + bootstrap", lambda: ab.ab_verdict(
+    r = timed("ab_verdict: SQL + intervals + bootstrap", lambda: verdict.ab_verdict(
         cfg, start, end, champion=1, challenger=2, cuped=False, log=False))
-    rc = timed("ab_verdict with CUPED (pre-period SQL too)", lambda: ab.ab_verdict(
+    rc = timed("ab_verdict with CUPED (pre-period SQL too)", lambda: verdict.ab_verdict(
         cfg, start, end, champion=1, challenger=2, cuped=True, log=False))
-    from rl_core.registry import ab_report
+    from rl_core.ab import report
 
-    timed("report: markdown + PNG + MLflow (first call creates the DB)", lambda: ab_report.publish(cfg, r))
-    timed("report again (MLflow run reused)", lambda: ab_report.publish(cfg, r))
+    timed("report: markdown + PNG + MLflow (first call creates the DB)", lambda: report.publish(cfg, r))
+    timed("report again (MLflow run reused)", lambda: report.publish(cfg, r))
 
     shutil.rmtree(home, ignore_errors=True)
     rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2

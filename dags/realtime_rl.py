@@ -74,8 +74,8 @@ def window() -> dict:
 def ab_verdict(w: dict) -> dict:
     from datetime import datetime
 
-    from rl_core.registry.ab import ab_verdict as compute
-    from rl_core.registry.ab import apply_verdict
+    from rl_core.ab.verdict import ab_verdict as compute
+    from rl_core.ab.verdict import apply_verdict
 
     cfg = load_config()
     result = compute(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]))

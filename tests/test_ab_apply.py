@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 from test_ab_verdict import END, START
 
+from rl_core.ab import verdict
 from rl_core.lake import Lake
-from rl_core.registry import ab, store
+from rl_core.registry import store
 from rl_core.testing import ab_synth
 from rl_core.testing.ab_synth import ArmSpec
 
@@ -32,7 +33,7 @@ def test_verdict_report_and_apply(cfg, tmp_path, capsys):
     store.set_alias(cfg, "challenger", v2, "setup")
 
     _write(cfg, START, END, ArmSpec(v1, edit_persisted=0.30), ArmSpec(v2, edit_persisted=0.34), seed=11)
-    result = ab.ab_verdict(cfg, START, END)  # versions from the aliases
+    result = verdict.ab_verdict(cfg, START, END)  # versions from the aliases
     assert (result.champion_version, result.challenger_version) == (v1, v2)
     assert result.decision == "promote", result.reasons
 
@@ -47,11 +48,11 @@ def test_verdict_report_and_apply(cfg, tmp_path, capsys):
     run = c.get_run(result.mlflow_run_id)
     assert run.data.tags["decision"] == "promote"
     assert run.data.metrics["edit_persisted_rate.diff"] > 0
-    assert ab.ab_verdict(cfg, START, END).mlflow_run_id == result.mlflow_run_id
+    assert verdict.ab_verdict(cfg, START, END).mlflow_run_id == result.mlflow_run_id
 
-    assert ab.apply_verdict(cfg, result) == "promote"
+    assert verdict.apply_verdict(cfg, result) == "promote"
     assert store.aliases(cfg) == {"champion": v2}
-    assert ab.apply_verdict(cfg, result) == "stale"  # the analysed challenger is gone: nothing moves
+    assert verdict.apply_verdict(cfg, result) == "stale"  # the analysed challenger is gone: nothing moves
     assert store.aliases(cfg) == {"champion": v2}
 
     # next window: a slower challenger is rolled back; the champion stays

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rl_core.registry import ab_stats
+from rl_core.ab import stats
 
 
 def clustered_null(rng, reps, users, mean_n=8.0, base=0.3, user_sd=0.15):
@@ -23,7 +23,7 @@ def clustered_null(rng, reps, users, mean_n=8.0, base=0.3, user_sd=0.15):
 def test_clustered_interval_covers_zero_about_95_percent_on_null_data():
     rng = np.random.default_rng(0)
     (ya, na, _), (yb, nb, _) = clustered_null(rng, reps=4000, users=300)
-    _, _, diff, se, lo, hi = ab_stats.ratio_diff((ya, na), (yb, nb), alpha=0.05)
+    _, _, diff, se, lo, hi = stats.ratio_diff((ya, na), (yb, nb), alpha=0.05)
     coverage = np.mean((lo <= 0) & (0 <= hi))
     assert 0.935 <= coverage <= 0.965, coverage
 
@@ -39,8 +39,8 @@ def test_cuped_keeps_coverage_and_cuts_variance():
     rng = np.random.default_rng(1)
     (ya, na, xa), (yb, nb, xb) = clustered_null(rng, reps=3000, users=300)
     xa[:, :30] = np.nan  # some users have no pre-period
-    _, _, _, se_plain, _, _ = ab_stats.ratio_diff((ya, na), (yb, nb), alpha=0.05)
-    _, _, diff, se, lo, hi = ab_stats.ratio_diff((ya, na), (yb, nb), alpha=0.05, x_champ=xa, x_chall=xb)
+    _, _, _, se_plain, _, _ = stats.ratio_diff((ya, na), (yb, nb), alpha=0.05)
+    _, _, diff, se, lo, hi = stats.ratio_diff((ya, na), (yb, nb), alpha=0.05, x_champ=xa, x_chall=xb)
     coverage = np.mean((lo <= 0) & (0 <= hi))
     assert 0.93 <= coverage <= 0.965, coverage
     assert np.median(se / se_plain) < 0.85  # ~28% less variance with 10% of users lacking a pre-period
@@ -57,7 +57,7 @@ def test_latency_quantile_bootstrap_covers_zero_about_95_percent():
             user = np.repeat(np.arange(users), counts)
             user_effect = rng.normal(0, 0.3, users)[user]
             arms.append((800 * np.exp(user_effect + 0.5 * rng.standard_normal(len(user))), user))
-        out = ab_stats.quantile_diffs(arms[0], arms[1], (0.5, 0.9), alpha=0.05, iters=200, seed=r)
+        out = stats.quantile_diffs(arms[0], arms[1], (0.5, 0.9), alpha=0.05, iters=200, seed=r)
         covered_p50 += out[0.5].lo <= 0 <= out[0.5].hi
         covered_p90 += out[0.9].lo <= 0 <= out[0.9].hi
     assert 0.90 <= covered_p50 / reps <= 0.985, covered_p50 / reps
@@ -69,7 +69,7 @@ def test_quantile_interval_detects_a_real_shift_and_reports_exact_points():
     users = np.repeat(np.arange(400), 10)
     a = 800 * np.exp(0.5 * rng.standard_normal(users.size))
     b = 1.2 * 800 * np.exp(0.5 * rng.standard_normal(users.size))
-    out = ab_stats.quantile_diffs((a, users), (b, users + 10_000), (0.5, 0.9), alpha=0.05, iters=300)
+    out = stats.quantile_diffs((a, users), (b, users + 10_000), (0.5, 0.9), alpha=0.05, iters=300)
     assert out[0.9].lo > 0 and out[0.5].lo > 0
     assert out[0.9].champion == np.quantile(a, 0.9) and out[0.9].challenger == np.quantile(b, 0.9)
     assert out[0.5].p_value < 0.001

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from rl_core.ab.verdict import ab_verdict
 from rl_core.lake import Lake
-from rl_core.registry import ab
 from rl_core.testing import ab_synth
 from rl_core.testing.ab_synth import ArmSpec
 
@@ -26,7 +26,7 @@ def simulate(cfg, n, users, champion: ArmSpec, challenger: ArmSpec, seed=0, **kw
 
 
 def verdict(cfg, **kw):
-    return ab.ab_verdict(cfg, START, END, champion=1, challenger=2, log=False, **kw)
+    return ab_verdict(cfg, START, END, champion=1, challenger=2, log=False, **kw)
 
 
 def test_planted_edit_persisted_effect_promotes_at_adequate_size(cfg):
@@ -115,9 +115,9 @@ def test_cuped_shrinks_the_interval_without_moving_the_estimate(cfg):
 
 def test_bad_input_is_refused_with_the_field_named(cfg):
     with pytest.raises(ValueError, match="since"):
-        ab.ab_verdict(cfg, datetime(2026, 12, 2), END, champion=1, challenger=2, log=False)
+        ab_verdict(cfg, datetime(2026, 12, 2), END, champion=1, challenger=2, log=False)
     with pytest.raises(ValueError, match="after since"):
-        ab.ab_verdict(cfg, END, START, champion=1, challenger=2, log=False)
+        ab_verdict(cfg, END, START, champion=1, challenger=2, log=False)
     cfg.ab.primary = "vibes"
     with pytest.raises(ValueError, match=r"\[ab\] primary"):
         verdict(cfg)

@@ -96,8 +96,8 @@ def add_ab(p: argparse.ArgumentParser) -> None:
 
 
 def _ab(args) -> int:
-    from rl_core.registry.ab import ab_verdict, apply_verdict
-    from rl_core.registry.ab_report import to_markdown
+    from rl_core.ab.report import to_markdown
+    from rl_core.ab.verdict import ab_verdict, apply_verdict
 
     cfg = _cfg()
     try:

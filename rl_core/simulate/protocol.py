@@ -92,7 +92,7 @@ def judge_last(cfg, curves: list[CycleMetrics], ab_test: bool = True) -> dict:
     """The production checks on the measured last cycle: the monitors (v1 as the parent) over what it served,
     and `rtrl ab` over the whole experiment (v1's traffic as the champion arm, the last policy's as the
     challenger arm), applied: a promote moves `champion`. ab_test=False (org adapters: no new version)."""
-    from rl_core.registry.ab import ab_verdict, apply_verdict
+    from rl_core.ab.verdict import ab_verdict, apply_verdict
     from rl_core.rewards.monitors import run_monitors
 
     first, last = curves[0], curves[-1]

@@ -2,7 +2,7 @@
 
 `ab_verdict` reads the lake's raw interactions in [since, until) served by the current champion and
 challenger versions (each on its own arm), joins their feedback (arriving up to grace_hours after the
-window), and compares per arm with intervals clustered by user (rl_core.registry.ab_stats):
+window), and compares per arm with intervals clustered by user (rl_core.ab.stats):
   edit_persisted_rate (primary by default), dissatisfied_rate, latency_p50_ms, latency_p90_ms, reward.
 The decision rule, in order:
   continue  while either arm has fewer than ab.min_samples_per_arm interactions (no early peeking);
@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
+from rl_core.ab import stats
 from rl_core.config import REPO_ROOT
 from rl_core.lake import Lake
-from rl_core.registry import ab_stats
 from rl_core.rewards import followup
 from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, now_utc
 
@@ -115,7 +115,7 @@ def connect(lake: Lake, start: datetime, until: datetime, grace_hours: float) ->
     return con
 
 
-def _metric(name: str, d: ab_stats.Diff, method: str) -> MetricResult:
+def _metric(name: str, d: stats.Diff, method: str) -> MetricResult:
     sign = METRICS[name]
     good = d.lo > 0 if sign > 0 else d.hi < 0
     bad = d.hi < 0 if sign > 0 else d.lo > 0
@@ -177,14 +177,14 @@ def compute_metrics(con, cfg, since: datetime, cuped: bool) -> tuple[dict[str, M
         xs = [None, None]
         if pre is not None:
             xs = [np.array([pre[pre_col].get(u, np.nan) for u in arrays[arm]["user_id"]]) for arm in ARMS]
-        d = ab_stats.ratio_diff_result(
+        d = stats.ratio_diff_result(
             (arrays["champion"][col], arrays["champion"]["n"]),
             (arrays["challenger"][col], arrays["challenger"]["n"]),
             alpha, xs[0], xs[1],
         )
         metrics[name] = _metric(name, d, "clustered delta method" + (" + CUPED" if pre is not None else ""))
     la, lb = (con.sql(sql("latency"), params={"arm": arm}).to_arrow_table() for arm in ARMS)
-    qs = ab_stats.quantile_diffs(
+    qs = stats.quantile_diffs(
         (la["latency_ms"].to_numpy(), la["user_key"].to_numpy()),
         (lb["latency_ms"].to_numpy(), lb["user_key"].to_numpy()), (0.5, 0.9),
         alpha, cfg.ab.bootstrap_iters, seed=0,
@@ -245,9 +245,9 @@ def ab_verdict(
     decision, reasons = decide(metrics, n, cfg)
     result = ABResult(decision=decision, reasons=reasons, n=n, users=users, metrics=metrics, **base)
     if log:
-        from rl_core.registry import ab_report
+        from rl_core.ab import report
 
-        ab_report.publish(cfg, result)
+        report.publish(cfg, result)
     return result
 
 
