@@ -42,11 +42,11 @@ def ask(task, user, chat, samples: int, seed: int) -> list[dict]:
 
 def table(rows: list[dict], low: float, high: float) -> list[dict]:
     """Per feature: answers showing it, rate, Wilson CI, and whether the rate lies in [low, high]."""
-    from rl_core.simulate.features import FEATURES, Rate
+    from rl_core.simulate.features import FEATURES, feature_rates_of
 
     out = []
-    for name, f in FEATURES.items():
-        r = Rate.of(sum(row["features"][name] for row in rows), len(rows))
+    for name, r in feature_rates_of([row["features"] for row in rows]).items():
+        f = FEATURES[name]
         out.append({"feature": name, "describe": f.describe, "on_code": f.on_code, "answers": r.n, "with": r.k,
                     "rate": r.rate, "ci_low": r.ci_low, "ci_high": r.ci_high, "candidate": low <= r.rate <= high})
     return out

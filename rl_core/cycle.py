@@ -274,29 +274,30 @@ def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
     start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)
     (cfg.home_path / "cycle-window-end").write_text(end_ts.isoformat())
     w = Window(start_ts, end_ts, run_id_for(start_ts, end_ts, cfg.airflow.schedule_hours))
-    if not run_dag:
-        report = summarize(cfg, w, 0)
-        report.interactions, report.seconds = n, secs
-        return report
+    rc = 0
+    if run_dag:
+        rc = dags_test(env, w, log_dir / "dags-test.log", dag_id or cfg.airflow.dag_id, policy_version, warm_socket)
+        secs["dag"] = round(time.time() - t, 1)
+    report = summarize(cfg, w, rc)
+    report.interactions, report.seconds = n, secs
+    return report
+
+
+def dags_test(env: dict[str, str], w: Window, dag_log: Path, dag_id: str, policy_version: int | None,
+              warm_socket: str | None) -> int:
+    """`airflow dags test` of dag_id on exactly window w, output appended to dag_log; its exit code."""
     conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()}
                       | ({"policy_version": int(policy_version)} if policy_version else {}))
-    dag_log = log_dir / "dags-test.log"
-    dag_id = dag_id or cfg.airflow.dag_id
     print(f"[cycle] airflow dags test {dag_id} -c '{conf}' (log {dag_log})")
     argv = ["dags", "test", dag_id, "-c", conf]
     with open(dag_log, "ab") as out:
         if warm_socket:  # the DAG (and the trainer it launches) forked from a warm server: no import costs
             from rl_core.runtime import warm  # dev only: the DAG imports cycle.py, never the fork server
 
-            rc = warm.popen([sys.executable, "-m", "airflow", *argv], env | {warm.SOCKET_ENV: warm_socket},
-                            REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).wait()
-        else:
-            rc = subprocess.run([bin_path("airflow"), *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=REPO_ROOT).returncode
-    secs["dag"] = round(time.time() - t, 1)
-    report = summarize(cfg, w, rc)
-    report.interactions, report.seconds = n, secs
-    return report
+            return warm.popen([sys.executable, "-m", "airflow", *argv], env | {warm.SOCKET_ENV: warm_socket},
+                              REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).wait()
+        return subprocess.run([bin_path("airflow"), *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
+                              cwd=REPO_ROOT).returncode
 
 
 def add_cycle(p: argparse.ArgumentParser) -> None:

@@ -136,3 +136,19 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, 
             pass
         time.sleep(1.0)
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
+
+
+@contextlib.contextmanager
+def environ(over: dict[str, str]):
+    """os.environ with over set, restored afterwards: the gateway and `airflow dags test` are subprocesses
+    and read their config there (tests call the experiment in-process, so the caller's env comes back)."""
+    saved = {k: os.environ.get(k) for k in over}
+    os.environ.update(over)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -133,10 +132,10 @@ def preferred_features(cfg) -> list[str]:
 def feature_rates(episodes, per_user: list[str]) -> tuple[dict[str, dict], dict[str, dict[str, float]]]:
     """Every feature's rate over a cycle's served answers (with its 95% Wilson CI), and for the preferred
     features each user's own rate (for the paired test)."""
-    from rl_core.simulate.features import FEATURES, Rate, episode_features
+    from rl_core.simulate.features import episode_features, feature_rates_of
 
     feats = [episode_features(t, c) for t, c in zip(episodes["completion_text"], episodes["tool_calls"], strict=True)]
-    rates = {name: asdict(Rate.of(sum(f[name] for f in feats), len(feats))) for name in FEATURES}
+    rates = {name: asdict(r) for name, r in feature_rates_of(feats).items()}
     users: dict[str, dict[str, float]] = {}
     for name in per_user:
         hits: dict[str, list[bool]] = {}
@@ -150,21 +149,25 @@ def _num(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def paired(first: dict[str, float], last: dict[str, float]) -> Paired | None:
-    """Mean per-user difference (last - first) with a paired t interval (95%)."""
+def t_interval(d: list[float]) -> tuple[float, float, float, float]:
+    """Mean of d with its standard error and 95% t interval: (mean, se, low, high). len(d) >= 2."""
     from scipy import stats
 
+    n = len(d)
+    mean = sum(d) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+    t = float(stats.t.ppf(0.975, n - 1))
+    return mean, se, mean - t * se, mean + t * se
+
+
+def paired(first: dict[str, float], last: dict[str, float]) -> Paired | None:
+    """Mean per-user difference (last - first) with a paired t interval (95%)."""
     users = sorted(set(first) & set(last))
     if len(users) < 2:
         return None
-    d = [last[u] - first[u] for u in users]
-    n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    se = sd / math.sqrt(n)
-    t = float(stats.t.ppf(0.975, n - 1))
-    return Paired(n, sum(first[u] for u in users) / n, sum(last[u] for u in users) / n, mean, se,
-                  mean - t * se, mean + t * se)
+    n = len(users)
+    mean, se, lo, hi = t_interval([last[u] - first[u] for u in users])
+    return Paired(n, sum(first[u] for u in users) / n, sum(last[u] for u in users) / n, mean, se, lo, hi)
 
 
 def plot(curves: list[CycleMetrics], path: Path) -> Path:
@@ -353,7 +356,7 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     from rl_core.config import load_config
-    from rl_core.runtime.procs import exit_on_sigterm
+    from rl_core.runtime.procs import environ, exit_on_sigterm
 
     if args.protocol:
         from rl_core.simulate import protocol
@@ -368,25 +371,16 @@ def _run(args) -> int:
     if args.cycles < 1:
         print(f"rtrl experiment: --cycles must be >= 1, got {args.cycles}", file=sys.stderr)
         return 2
-    # env, not just cfg: the gateway and `airflow dags test` run as subprocesses and read their config there
     over = {"RTRL_SERVING__CHALLENGER_SHARE": str(args.challenger_share)}
     if args.users:
         over["RTRL_SIMULATE__USERS"] = str(args.users)
-    saved = {k: os.environ.get(k) for k in over}
-    os.environ.update(over)
-    try:
+    with environ(over):
         cfg = load_config()
         out = Path(args.out) if args.out else cfg.home_path / "experiments" / time.strftime("%Y%m%dT%H%M%S")
         out.mkdir(parents=True, exist_ok=True)
         with exit_on_sigterm():  # the gateway, its engines and the warm server stop with us
             curves, pair, rid = run_experiment(cfg, args.cycles, args.interactions, out, args.train_from,
                                                warm_start=not args.cold)
-    finally:  # leave the caller's environment as it was (tests call this in-process)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     print((out / "results.md").read_text())
     print(f"learning curves: {out / 'learning_curves.png'}   MLflow run {rid} "
           f"(experiment {cfg.mlflow.experiment}-learning)")

@@ -79,7 +79,7 @@ def _tokens(code: str | None) -> list[tokenize.TokenInfo]:
 
 
 def _strings(code: str | None) -> list[str]:
-    """The code's plain string literals (not docstrings' triple quotes, not f-strings' pieces)."""
+    """The code's string literals, f-strings included, but not triple-quoted ones (docstrings)."""
     return [t.string for t in _tokens(code) if t.type == tokenize.STRING and not t.string.startswith(('"""', "'''"))]
 
 
@@ -247,3 +247,8 @@ class Rate:
         mid = (p + z * z / (2 * n)) / (1 + z * z / n)
         half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
         return cls(k, n, p, max(0.0, mid - half), min(1.0, mid + half))
+
+
+def feature_rates_of(answers: list[dict[str, bool]]) -> dict[str, Rate]:
+    """Every feature's Rate over answers given as features_of() dicts (the census, a cycle's served turns)."""
+    return {name: Rate.of(sum(a[name] for a in answers), len(answers)) for name in FEATURES}

@@ -11,6 +11,7 @@ The lake's interactions also say which adapter answered whom: neither org may be
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from rl_core.lake import Lake
 from rl_core.simulate.experiment import CycleMetrics
@@ -43,8 +44,6 @@ def _mean(xs: list[float]) -> float | None:
 def adapters_served(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, int]]:
     """org -> {adapter_version or "none": interactions} in the last cycle's window, from the lake."""
     last = curves[-1]
-    from datetime import datetime
-
     t = Lake(cfg.lake_root).read_window("interactions", datetime.fromisoformat(last.window[0]),
                                         datetime.fromisoformat(last.window[1]))
     out: dict[str, dict[str, int]] = {}

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl_core.config import REPO_ROOT
-from rl_core.simulate.experiment import CycleMetrics, Paired, paired
+from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, t_interval
 
 
 class Protocol(BaseModel):
@@ -64,7 +64,7 @@ def load_protocol(path: Path) -> Protocol:
     except (KeyError, tomllib.TOMLDecodeError) as exc:
         raise ValueError(f"{path}: not a protocol file (a [protocol] table is needed): {exc}") from None
     cfg = load_config(environ={**os.environ, **env_of(proto, proto.seeds[0])})
-    prefs = {p.feature for p in [cfg.simulate.preference, *cfg.simulate.conventions.values()] if p}
+    prefs = preferred_features(cfg)
     if proto.feature not in prefs:
         raise ValueError(f"{path}: protocol.feature {proto.feature!r} is not a preference of its config ({prefs})")
     wants = {p.want for p in cfg.simulate.conventions.values() if p.feature == proto.feature}
@@ -156,16 +156,12 @@ def _mean_ci(xs: list[float]) -> list[float] | None:
 
 def pooled(summaries: list[dict], proto: Protocol) -> dict:
     """The success rule over all seeds: per-seed CIs, and the pooled paired CI of every seed's users."""
-    from scipy import stats
-
     d = [x for s in summaries for x in s["user_diffs"].values()]
     n = len(d)
-    mean = sum(d) / n
-    se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5
-    t = float(stats.t.ppf(0.975, n - 1))
+    mean, se, lo, hi = t_interval(d)
     seeds_ok = sum(bool(s["primary"] and s["primary"]["ci_low"] > 0) for s in summaries)
     out = {"protocol": proto.name, "seeds": [s["seed"] for s in summaries], "n_users": n, "diff": mean, "se": se,
-           "ci_low": mean - t * se, "ci_high": mean + t * se, "seeds_excluding_zero": seeds_ok}
+           "ci_low": lo, "ci_high": hi, "seeds_excluding_zero": seeds_ok}
     out["success"] = bool(len(summaries) == len(proto.seeds) and seeds_ok >= proto.min_seeds_excluding_zero
                           and out["ci_low"] > 0
                           and all(s["checks"][k] for s in summaries for k in s["checks"] if k != "ci_excludes_zero"))
@@ -175,12 +171,10 @@ def pooled(summaries: list[dict], proto: Protocol) -> dict:
 def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> dict:
     """One seed's run in its own RTRL_HOME, as the protocol says; writes summary-seed<k>.json."""
     from rl_core.config import load_config
+    from rl_core.runtime.procs import environ
     from rl_core.simulate.experiment import run_experiment
 
-    env = env_of(proto, seed) | {"RTRL_HOME": str(home)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the gateway and `airflow dags test` are subprocesses: they read the environment
-    try:
+    with environ(env_of(proto, seed) | {"RTRL_HOME": str(home)}):
         cfg = load_config()
         t0 = time.time()
         dag_id = f"{cfg.airflow.dag_id}_orgs" if proto.dag == "orgs" else None
@@ -192,9 +186,6 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
 
             judged["orgs"] = org_summary(cfg, proto.feature, curves)
         summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     (out / f"summary-seed{seed}.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
 
