@@ -9,9 +9,21 @@ export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-fast test-all cycle lint init airflow mlflow bench clean lock
+.PHONY: setup sysdeps test test-fast test-all cycle lint init airflow mlflow bench clean lock
 
 setup: $(STAMP)
+
+# Debian packages the tests use: chromium drives the Airflow and MLflow UIs in tests/test_ui_browser.py.
+# Installed with apt when missing and we may (root, or password-less sudo); otherwise those tests skip.
+SYSTEM_PACKAGES := chromium
+sysdeps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then echo "no apt-get: $$missing not installed (browser tests skip)"; exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "not root and no sudo: $$missing not installed (browser tests skip)"; exit 0; fi; \
+	echo "apt-get install $$missing"; \
+	$$sudo apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q $$missing >/dev/null
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,13 +34,13 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@touch $(STAMP)
 
 # `make test` is what CI runs: every test but the very long multi-cycle experiment.
-test: setup
+test: setup sysdeps
 	$(PY) -m pytest -q -m "not very_slow"
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-test-all: setup
+test-all: setup sysdeps
 	$(PY) -m pytest -q
 
 # One real cycle: init if needed, gateway, simulated traffic, `airflow dags test realtime_rl`, report.

@@ -121,7 +121,7 @@ def _cursorbench(cfg, args, workers: int) -> int:
 
 
 def _log_mlflow(cfg, version: int, metrics: dict[str, float], columns: dict, text: str | None = None) -> None:
-    """Metrics (eval_*) plus report.md / report.png as artifacts of the version's own MLflow run."""
+    """Metrics (eval/*) plus report.md / report.png as artifacts of the version's own MLflow run."""
     import math
 
     from evals import report
@@ -131,7 +131,7 @@ def _log_mlflow(cfg, version: int, metrics: dict[str, float], columns: dict, tex
     c = client(cfg)
     for k, v in metrics.items():
         if not (isinstance(v, float) and math.isnan(v)):
-            c.log_metric(run_id, f"eval_{k}" if not k.startswith("humaneval") else k, float(v))
+            c.log_metric(run_id, f"eval/{k}", float(v))
     if text is not None:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "report.md").write_text(text)

@@ -75,7 +75,7 @@ def lineage_of(cfg: Config, version: int) -> Lineage:
     while v not in seen:
         seen.append(v)
         parent = store.get_version(cfg, v).tags.get("parent_version") or ""
-        if not parent.strip():
+        if not parent.strip().isdigit():  # the base version's parent_version is "none"
             return Lineage(cfg.mlflow.model_name, v)
         v = int(parent)
     raise ValueError(f"parent_version tags of {cfg.mlflow.model_name} form a cycle: {seen + [v]}")

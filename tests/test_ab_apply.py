@@ -47,7 +47,12 @@ def test_verdict_report_and_apply(cfg, tmp_path, capsys):
     assert arts == {"ab/chart.png", "ab/report.md", "ab/report.json"}
     run = c.get_run(result.mlflow_run_id)
     assert run.data.tags["decision"] == "promote"
-    assert run.data.metrics["edit_persisted_rate.diff"] > 0
+    assert run.data.metrics["ab/edit_persisted_rate_diff"] > 0
+    assert c.get_experiment(run.info.experiment_id).name == f"{cfg.mlflow.experiment}-ab"  # A/B runs apart
+    v2_run = c.get_run(store.get_version(cfg, v2).run_id)  # and on the challenger's own run, for comparing
+    assert v2_run.data.metrics["ab/edit_persisted_rate_diff"] == pytest.approx(run.data.metrics["ab/edit_persisted_rate_diff"])
+    assert store.get_version(cfg, v2).tags["ab.decision"] == "promote"
+    assert "| A/B | promote vs v1" in store.get_version(cfg, v2).description
     assert verdict.ab_verdict(cfg, START, END).mlflow_run_id == result.mlflow_run_id
 
     assert verdict.apply_verdict(cfg, result) == "promote"

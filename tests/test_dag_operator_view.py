@@ -103,7 +103,14 @@ def test_overlapping_windows_train_each_episode_once_and_the_ids_meet(af):
     mv = store.get_version(cfg, v2)
     assert mv.tags["run_id"] == MANUAL_RUN and mv.tags["airflow.run_id"] == manual_af_run
     training = store.client(cfg).get_run(mv.run_id)
-    assert training.info.run_name == f"train-{MANUAL_RUN}" and training.data.tags["airflow.run_id"] == manual_af_run
+    assert training.info.run_name == f"v{v2}-{MANUAL_RUN}" and training.data.tags["airflow.run_id"] == manual_af_run
+    # the checkpoint's card, where the MLflow UI shows it: metrics by prefix, reports as artifacts, the table
+    assert {"reward/mean", "train/kl_mean", "train/kl", "eval/pass_rate", "eval/parent_pass_rate"} <= set(
+        training.data.metrics), sorted(training.data.metrics)
+    assert {k.split("/")[0] for k in training.data.metrics} <= {"train", "reward", "eval"}
+    arts = {a.path for a in store.client(cfg).list_artifacts(mv.run_id)}
+    assert {"checkpoint", "eval", "verdicts", "charts"} <= arts, arts
+    assert "| parent | v1 |" in mv.description and "| run | " + MANUAL_RUN in mv.description
 
 
 @pytest.mark.slow  # ~40 s: the DAG up to harvest

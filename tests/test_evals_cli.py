@@ -37,8 +37,8 @@ def test_evaluate_and_rtrl_eval_on_the_registered_base_model(registered, capsys)
     run_id = get_version(cfg, 1).run_id
     c = client(cfg)
     metrics = c.get_run(run_id).data.metrics
-    assert metrics["eval_n_tasks"] == 3 and 0 <= metrics["eval_pass_rate"] <= 1
-    assert {"eval_clarifying_rate", "eval_mean_turns", "eval_mean_latency_ms"} <= set(metrics)
+    assert metrics["eval/n_tasks"] == 3 and 0 <= metrics["eval/pass_rate"] <= 1
+    assert {"eval/clarifying_rate", "eval/mean_turns", "eval/mean_latency_ms"} <= set(metrics)
     arts = {a.path for a in c.list_artifacts(run_id, "eval")}
     assert arts == {"eval/report.md", "eval/report.png"}
     assert lake.read_parquet("runs/eval-v1/eval/results.parquet").num_rows == 6

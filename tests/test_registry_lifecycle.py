@@ -23,7 +23,7 @@ def write_run(cfg, run_id: str, ckpt_src: Path, parent: int, *, failing: str | N
     shutil.copytree(ckpt_src, ckpt)
     lake.write_json(f"runs/{run_id}/train/summary.json", {
         "run_id": run_id, "checkpoint": str(ckpt), "base_version": parent,
-        "metrics": {"loss": 0.42, "kl": 0.01, "steps": 3},
+        "status": "ok", "loss": 0.42, "kl": 0.01, "kl_max": 0.02, "steps": 3,
     })
     lake.write_json(f"runs/{run_id}/harvest.json", {"start": WINDOW[0], "end": WINDOW[1], "policy_version": parent,
                                                     "n_episodes": episodes})
@@ -34,7 +34,8 @@ def write_run(cfg, run_id: str, ckpt_src: Path, parent: int, *, failing: str | N
     for name in REQUIRED_VERDICTS:
         if name == missing:
             continue
-        details = {"pass_rate": 0.5, "baseline": {"pass_rate": 0.45}} if name == "eval" else {}
+        details = {"candidate_pass_rate": 0.5, "baseline_pass_rate": 0.45, "candidate_pass_rate_bugfix": 0.5,
+                   "baseline_pass_rate_bugfix": 0.25} if name == "eval" else {}
         if name == "train":
             details = train_details if train_details is not None else {"loss": 0.42, "kl": 0.01}
         bad = name == failing
@@ -65,9 +66,22 @@ def test_register_two_versions_with_lineage_and_idempotent(registered, tiny_chec
     assert mv.tags["reward_config_hash"] == cfg.rewards.config_hash()
     assert mv.tags["verdict.eval"] == "passed"
     run = store.client(cfg).get_run(mv.run_id)
-    assert run.data.metrics["train_loss"] == pytest.approx(0.42)
-    assert run.data.metrics["eval_pass_rate"] == pytest.approx(0.5)
-    assert run.data.metrics["eval_baseline_pass_rate"] == pytest.approx(0.45)
+    m = run.data.metrics
+    assert m["train/loss_mean"] == pytest.approx(0.42) and m["train/kl_max"] == pytest.approx(0.02)
+    assert m["reward/mean"] == pytest.approx(0.5) and m["reward/n"] == 20
+    assert m["eval/pass_rate"] == pytest.approx(0.5) and m["eval/parent_pass_rate"] == pytest.approx(0.45)
+    assert m["eval/delta_pass_rate_bugfix"] == pytest.approx(0.25)
+    prefixes = {k.split("/")[0] for k in m}
+    assert prefixes <= {"train", "reward", "eval"}, sorted(m)  # one prefix per source, no bare names
+    assert not any(k.startswith(("train_", "eval_", "summary/")) for k in m)
+    c = store.client(cfg)
+    arts = {a.path for sub in ("eval", "verdicts", "charts") for a in c.list_artifacts(mv.run_id, sub)}
+    assert {"verdicts/eval.json", "verdicts/train.json", "charts/reward_hist.png", "charts/eval_deltas.png"} <= arts
+    desc = mv.description
+    assert "| parent | v2 |" in desc and "| episodes | 20 |" in desc and "bugfix +0.250" in desc, desc
+    assert "eval ✓" in desc and "+0.500 ± 0.000" in desc
+    v1 = store.get_version(cfg, 1)
+    assert v1.tags["parent_version"] == "none" and "none (base model)" in v1.description
     assert (store.checkpoint_path(cfg, v3) / "config.json").is_file()
     assert store.aliases(cfg) == {"champion": 1}  # registering never moves an alias
 
@@ -109,8 +123,10 @@ def test_deploy_promote_rollback_round_trip(registered, tiny_checkpoint, capsys)
 
     assert promote.promote(cfg, "A/B: edit_persisted better", expected=2) == 2
     assert store.aliases(cfg) == {"champion": 2}
-    tags = store.get_version(cfg, 2).tags
-    assert any(k.startswith("alias.champion.set_at.") and "edit_persisted" in v for k, v in tags.items())
+    mv = store.get_version(cfg, 2)
+    assert "edit_persisted" in mv.tags["alias.champion.set_reason"] and mv.tags["alias.champion.previous"] == "1"
+    assert "promoted_at" in mv.tags and not any(k.count(".") > 2 or k[-1].isdigit() for k in mv.tags), mv.tags
+    assert "`champion` set: promote: A/B: edit_persisted better" in mv.description  # history, under the table
     with pytest.raises(promote.RegistryError, match="challenger"):
         promote.promote(cfg, "nothing to promote")
 

@@ -202,6 +202,13 @@ def test_enforced_monitors_take_a_tripped_live_challenger_off_traffic_except_in_
     assert v2 in promote.rolled_back_versions(cfg)
     saved = Lake(cfg.lake_root).read_json("runs/run-x/verdicts/monitors.json")
     assert saved["passed"] is False and saved["details"]["rolled_back"] == v2
+    # what an operator sees in MLflow: the rates and rises on v2's run, the report, the verdict on its page
+    c = store.client(cfg)
+    mv = store.get_version(cfg, v2)
+    m = c.get_run(mv.run_id).data.metrics
+    assert m["monitor/broken_tool_rate_rise"] > cfg.rewards.monitor_broken_tool_rise and m["monitor/n"] > 0
+    assert {a.path for a in c.list_artifacts(mv.run_id, "monitors")} == {"monitors/run-x.json"}
+    assert mv.tags["monitor.verdict"] == "tripped" and "| monitors | tripped (broken_tool_rate +" in mv.description
 
 
 def test_enforced_monitors_leave_an_honest_challenger_serving(registered):

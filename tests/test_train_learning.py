@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from rl_core.lake import lake_from_config
 from rl_core.registry import store
 from rl_core.reports import read_verdict
@@ -47,7 +49,8 @@ def test_train_raises_target_token_probability(registered):
     c = store.client(cfg)
     hist = c.get_metric_history(s.mlflow_run_id, "train/loss")
     assert [m.step for m in hist] == [1, 2, 3, 4]
-    assert c.get_run(s.mlflow_run_id).info.run_name == "train-cycle-learn"
+    assert c.get_run(s.mlflow_run_id).info.run_name == "train-cycle-learn"  # `v<N>-cycle-learn` once registered
+    assert c.get_run(s.mlflow_run_id).data.metrics["train/kl_max"] == pytest.approx(s.kl_max)
     for key in ("train/kl", "train/clip_frac", "train/is_weight_max", "train/entropy", "train/grad_norm",
                 "train/tokens_per_s"):
         assert len(c.get_metric_history(s.mlflow_run_id, key)) == 4, key

@@ -76,7 +76,7 @@ def publish(cfg, result) -> None:
     """Write report.json / report.md / chart.png to the lake (ab/<window>/) and to an MLflow run."""
     from mlflow.entities import Metric
 
-    from rl_core.registry import store
+    from rl_core.registry import card, store
 
     files = {
         "report.json": json.dumps(result.model_dump(mode="json", exclude={"report_path", "mlflow_run_id"}),
@@ -91,7 +91,7 @@ def publish(cfg, result) -> None:
     result.report_path = lake.url("ab", key)
 
     c = store.client(cfg)
-    exp = store.experiment_id(cfg)
+    exp = store.experiment_id(cfg, "ab")
     found = c.search_runs([exp], filter_string=f"tags.ab_window = '{key}'", max_results=1)
     run_id = found[0].info.run_id if found else c.create_run(exp, run_name=f"ab-{key}",
                                                             tags={"ab_window": key, "kind": "ab"}).info.run_id
@@ -100,10 +100,10 @@ def publish(cfg, result) -> None:
             "until": result.until.isoformat(), "cuped": result.cuped}
     for k, v in tags.items():
         c.set_tag(run_id, k, str(v))
-    values = {f"n_{arm}": float(n) for arm, n in result.n.items()}
+    values = {f"ab/n_{arm}": float(n) for arm, n in result.n.items()}
     for m in result.metrics.values():
         for field in ("champion", "challenger", "diff", "lo", "hi", "p_value"):
-            values[f"{m.name}.{field}"] = float(getattr(m, field))
+            values[f"ab/{m.name}_{field}"] = float(getattr(m, field))
     stamp = int(result.until.timestamp() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, v, stamp, 0) for k, v in values.items() if math.isfinite(v)])
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,3 +112,4 @@ def publish(cfg, result) -> None:
         c.log_artifacts(run_id, tmp, ARTIFACT_DIR)
     c.set_terminated(run_id)
     result.mlflow_run_id = run_id
+    card.log_ab(cfg, result)  # ab/* on the challenger's own run, beside its train/reward/eval metrics

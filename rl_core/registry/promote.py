@@ -1,14 +1,15 @@
 """Promote and roll back: the alias moves that follow an A/B verdict or an operator's command.
 
-Each move is one MLflow alias write, recorded by store.set_alias / store.delete_alias as model-version
-tags (`alias.<alias>.set_at.<stamp>` / `removed_at.<stamp>` = reason), so the registry UI shows who held
-which alias, when and why. Orders are chosen so that a crash between two writes leaves a state that
+Each move is one MLflow alias write, recorded by store.set_alias / store.delete_alias as fixed-key
+model-version tags (`alias.<alias>.set_at`, `.set_reason`, `.removed_at`, ...) and a line of the version's
+description history, so the registry UI shows who held which alias, when and why. Orders are chosen so that a crash between two writes leaves a state that
 serves correctly: promote points `champion` at the challenger first, then removes `challenger` (in
 between both aliases name the same version, which serves the same weights). `expected=` guards against
 acting on a stale decision (another deploy moved the alias since it was taken).
 
-`restore_previous_champion` (`rtrl rollback`) reads the champion history back from those tags and
-moves `champion` to the last holder before the current one that was never rolled back. The serving
+`restore_previous_champion` (`rtrl rollback`) orders the versions by their latest `alias.champion.set_at`
+and moves `champion` to the last holder before the current one that was never rolled back (a version's
+latest assignment is the only one that decides its place in that order). The serving
 gateway polls the aliases (serving.alias_poll_s) and reloads, so it serves that version within one
 poll interval.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rl_core.registry import store
-from rl_core.schema import now_utc
 
 ROLLED_BACK = "rolled_back"  # version tag: set when a version is removed from an alias by a rollback
 
@@ -29,14 +29,10 @@ class RegistryError(RuntimeError):
 
 @dataclass
 class AliasMove:
-    stamp: str  # UTC, sortable (YYYYmmddTHHMMSSffffffZ)
+    stamp: str  # UTC, sortable (YYYY-mm-ddTHH:MM:SS.ffffffZ)
     alias: str
     version: int
     reason: str
-
-
-def _stamp() -> str:
-    return now_utc().strftime("%Y%m%dT%H%M%S%fZ")
 
 
 def _all_versions(cfg):
@@ -45,13 +41,11 @@ def _all_versions(cfg):
 
 
 def history(cfg, alias: str = "champion") -> list[AliasMove]:
-    """Every recorded assignment of `alias`, oldest first (from the alias.<alias>.set_at.* version tags)."""
-    prefix = f"alias.{alias}.set_at."
+    """Each version's latest assignment of `alias`, oldest first (its alias.<alias>.set_at version tag)."""
     moves = [
-        AliasMove(k[len(prefix):], alias, int(mv.version), v)
+        AliasMove(tags[f"alias.{alias}.set_at"], alias, int(mv.version), tags.get(f"alias.{alias}.set_reason", ""))
         for mv in _all_versions(cfg)
-        for k, v in (mv.tags or {}).items()
-        if k.startswith(prefix)
+        if f"alias.{alias}.set_at" in (tags := mv.tags or {})
     ]
     return sorted(moves, key=lambda m: (m.stamp, m.version))
 
@@ -70,7 +64,7 @@ def promote(cfg, reason: str, expected: int | None = None) -> int:
     version = _require(cfg, "challenger", expected)
     store.set_alias(cfg, "champion", version, f"promote: {reason}")
     store.delete_alias(cfg, "challenger", f"promoted to champion: {reason}")
-    store.client(cfg).set_model_version_tag(cfg.mlflow.model_name, str(version), f"promoted_at.{_stamp()}", reason)
+    store.set_version_tags(cfg, version, {"promoted_at": store.stamp(), "promoted_reason": reason})
     return version
 
 
@@ -83,10 +77,9 @@ def drop_challenger(cfg, reason: str, expected: int | None = None) -> int:
 
 
 def _mark_rolled_back(cfg, version: int, reason: str) -> None:
-    c = store.client(cfg)
-    name = cfg.mlflow.model_name
-    c.set_model_version_tag(name, str(version), ROLLED_BACK, "true")
-    c.set_model_version_tag(name, str(version), f"{ROLLED_BACK}_at.{_stamp()}", reason)
+    store.set_version_tags(cfg, version, {ROLLED_BACK: "true", f"{ROLLED_BACK}_at": store.stamp(),
+                                          f"{ROLLED_BACK}_reason": reason})
+    store.append_history(cfg, version, f"rolled back: {reason}")
 
 
 def rolled_back_versions(cfg) -> set[int]:

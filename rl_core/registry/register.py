@@ -2,9 +2,9 @@
 
 Why lineage on the version: a version that serves users must answer "trained from what, on which
 data, scored how, judged by what" from the registry alone. Tags (parent_version, data_window, run_id,
-episodes, reward_config_hash, verdict.<name>) go on the version and its MLflow run; trainer metrics
-(train_*) and eval results (eval_*) are metrics on that run, so the MLflow UI compares any two
-checkpoints side by side.
+episodes, reward_config_hash, verdict.<name>) go on the version and its MLflow run (the trainer's run, which
+already holds the train/* curves and summary); rl_core/registry/card.py then adds reward/* and eval/*, the
+reports as artifacts and the description table, so the MLflow UI compares any two checkpoints side by side.
 
 Inputs, all from the run's folder in the lake: train/summary.json (checkpoint path, base version,
 trainer metrics, the trainer's MLflow run id if it logged one), harvest.json (window, policy version),
@@ -18,7 +18,6 @@ whose episodes another run of the lineage already consumed is refused with Episo
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ import pyarrow.parquet as pq
 
 from rl_core import ledger
 from rl_core.lake import Lake
-from rl_core.registry import store
+from rl_core.registry import card, store
 from rl_core.reports import read_verdicts
+from rl_core.train.launch import summary_metrics
 
 CHECKPOINT_KEYS = ("checkpoint", "checkpoint_dir", "checkpoint_path")
 PARENT_KEYS = ("base_version", "parent_version")
@@ -55,22 +55,6 @@ def find_version(cfg, run_id: str) -> int | None:
 
 def _first(d: dict, keys: tuple[str, ...]):
     return next((d[k] for k in keys if d.get(k) not in (None, "")), None)
-
-
-def numeric_leaves(obj: Any, prefix: str, depth: int = 3) -> dict[str, float]:
-    """Flatten nested dicts to {prefix_key_sub: float} for finite numbers (bools excluded)."""
-    out: dict[str, float] = {}
-    if depth < 0 or not isinstance(obj, dict):
-        return out
-    for k, v in obj.items():
-        key = re.sub(r"[^A-Za-z0-9_./ -]", "_", f"{prefix}_{k}")
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            out[key] = float(v)
-        elif isinstance(v, dict):
-            out.update(numeric_leaves(v, key, depth - 1))
-    return out
 
 
 def _count_rows(lake: Lake, relpath: str) -> int | None:
@@ -119,9 +103,9 @@ def lineage(cfg, run_id: str) -> dict[str, Any]:
     reward_hash = _reward_hash(lake, f"{run_dir}/rewards.parquet") or summary.get("reward_config_hash") or ""
 
     verdicts = read_verdicts(lake, run_id)
-    metrics = numeric_leaves(summary["metrics"] if isinstance(summary.get("metrics"), dict) else summary, "train")
+    metrics = summary_metrics(summary) | card.reward_metrics(lake, run_id)
     if "eval" in verdicts:
-        metrics.update(numeric_leaves(verdicts["eval"].details, "eval"))
+        metrics |= card.eval_metrics(verdicts["eval"].details)
     tags = {
         "kind": "cycle",
         "run_id": run_id,
@@ -165,13 +149,16 @@ def register_run(cfg, run_id: str, tags: dict[str, str] | None = None) -> int:
     family = ledger.lineage_of(cfg, parent)
     if taken := ledger.consumed_by_others(cfg, run_id, family):
         raise ledger.EpisodesConsumed(run_id, family, taken)
+    trainer_run = _existing_run(cfg, info["mlflow_run_id"])
     version = store.register_checkpoint(
         cfg,
         info["checkpoint"],
         run_name=run_id,
         tags={**(tags or {}), **info["tags"]},
-        metrics=info["metrics"],
-        run_id=_existing_run(cfg, info["mlflow_run_id"]),
+        # the trainer's run already holds train/*: card.log_cycle adds reward/* and eval/*
+        metrics={} if trainer_run else info["metrics"],
+        run_id=trainer_run,
     )
     ledger.consume(cfg, run_id, version, parent)
+    card.log_cycle(cfg, run_id, version)
     return version

@@ -2,7 +2,12 @@
 
 The embedded default is MLflow over SQLite (no server); production points tracking_uri at a server.
 Stages are deprecated in MLflow 3: only aliases (`champion`, `challenger`) are used. Every alias move
-is recorded as a model-version tag with the time and reason, so the history is readable in the UI.
+sets fixed-key version tags (`alias.<alias>.set_at` / `.set_reason` / `.previous` / `.removed_at` /
+`.removed_reason`: the latest move, so tag lists stay short and filterable) and appends one line to the
+version's description under "History", so the whole story is readable on the version's page.
+
+Experiments by purpose: checkpoints (training runs, the base, planted variants) in `mlflow.experiment`,
+A/B analyses in `<experiment>-ab`, simulated learning experiments in `<experiment>-learning`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from urllib.parse import unquote, urlparse
 from rl_core.schema import now_utc
 
 CHECKPOINT_ARTIFACT = "checkpoint"
+HISTORY = "**History**"  # the description's history section starts at this line (rl_core/registry/card.py writes above it)
+PURPOSES = {"train": "", "ab": "-ab", "learning": "-learning"}  # experiment name suffix per purpose
 
 
 def client(cfg):
@@ -31,10 +38,10 @@ def client(cfg):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def experiment_id(cfg, name: str | None = None) -> str:
-    """The experiment's id, created with artifacts under the configured artifact root."""
+def experiment_id(cfg, purpose: str = "train") -> str:
+    """The id of the experiment for purpose (PURPOSES), created with artifacts under the artifact root."""
     c = client(cfg)
-    name = name or cfg.mlflow.experiment
+    name = cfg.mlflow.experiment + PURPOSES[purpose]
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -95,17 +102,40 @@ def register_checkpoint(
     return int(mv.version)
 
 
+def stamp() -> str:
+    """Now, UTC, sortable (the value of the `*_at` tags and the history lines)."""
+    return now_utc().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def append_history(cfg, version: int, line: str) -> None:
+    """Append `- <time> <line>` to the version's description, under its History section."""
+    c = client(cfg)
+    name = cfg.mlflow.model_name
+    text = c.get_model_version(name, str(version)).description or ""
+    if HISTORY not in text:
+        text = f"{text.rstrip()}\n\n{HISTORY}\n" if text.strip() else f"{HISTORY}\n"
+    c.update_model_version(name, str(version), description=f"{text.rstrip()}\n- {stamp()} {line}\n")
+
+
+def set_version_tags(cfg, version: int, tags: dict[str, Any]) -> None:
+    c = client(cfg)
+    for k, v in tags.items():
+        c.set_model_version_tag(cfg.mlflow.model_name, str(version), k, str(v)[:4000])
+
+
 def set_alias(cfg, alias: str, version: int, reason: str) -> None:
-    """Point alias at version and record the move (time, reason, previous holder) as version tags."""
+    """Point alias at version and record the move (time, reason, previous holder) on both versions."""
     c = client(cfg)
     name = cfg.mlflow.model_name
     previous = version_for_alias(cfg, alias)
     c.set_registered_model_alias(name, alias, str(version))
-    stamp = now_utc().strftime("%Y%m%dT%H%M%S%fZ")
-    c.set_model_version_tag(name, str(version), f"alias.{alias}.set_at.{stamp}", reason)
+    at = stamp()
+    set_version_tags(cfg, version, {f"alias.{alias}.set_at": at, f"alias.{alias}.set_reason": reason})
+    append_history(cfg, version, f"`{alias}` set: {reason}")
     if previous is not None and previous != version:
-        c.set_model_version_tag(name, str(version), f"alias.{alias}.previous", str(previous))
-        c.set_model_version_tag(name, str(previous), f"alias.{alias}.removed_at.{stamp}", reason)
+        set_version_tags(cfg, version, {f"alias.{alias}.previous": previous})
+        set_version_tags(cfg, previous, {f"alias.{alias}.removed_at": at, f"alias.{alias}.removed_reason": reason})
+        append_history(cfg, previous, f"`{alias}` moved to version {version}: {reason}")
 
 
 def delete_alias(cfg, alias: str, reason: str) -> int | None:
@@ -116,8 +146,8 @@ def delete_alias(cfg, alias: str, reason: str) -> int | None:
     if held is None:
         return None
     c.delete_registered_model_alias(name, alias)
-    stamp = now_utc().strftime("%Y%m%dT%H%M%S%fZ")
-    c.set_model_version_tag(name, str(held), f"alias.{alias}.removed_at.{stamp}", reason)
+    set_version_tags(cfg, held, {f"alias.{alias}.removed_at": stamp(), f"alias.{alias}.removed_reason": reason})
+    append_history(cfg, held, f"`{alias}` removed: {reason}")
     return held
 
 

@@ -158,7 +158,7 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
 def enforce_monitors(cfg: Config, run_id: str, parent_version: int, dry_run: bool = False) -> Verdict:
     """The cycle's check: run_monitors over every version served in run_id's window, then take a tripped live
     challenger off traffic (not in a dry run). Returns the verdict, whose details say what was rolled back."""
-    from rl_core.registry import promote, store
+    from rl_core.registry import card, promote, store
 
     lake = Lake(cfg.lake_root)
     manifest = read_manifest(lake, run_id)
@@ -168,6 +168,8 @@ def enforce_monitors(cfg: Config, run_id: str, parent_version: int, dry_run: boo
     served = score_served(cfg, run_id, datetime.fromisoformat(manifest["start"]),
                           datetime.fromisoformat(manifest["end"]), newest)
     verdict = run_monitors(cfg, run_id, parent_version, rates_from=served)
+    if not dry_run:
+        card.log_monitors(cfg, verdict)  # monitor/* on each judged version's run, for the MLflow UI
     live = store.version_for_alias(cfg, "challenger")
     if verdict.passed or live not in verdict.details["tripped"]:
         return verdict

@@ -226,7 +226,7 @@ def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, 
     from rl_core.registry import store
 
     c = store.client(cfg)
-    exp = store.experiment_id(cfg, f"{cfg.mlflow.experiment}-learning")
+    exp = store.experiment_id(cfg, "learning")
     run = c.create_run(exp, run_name=f"experiment-{len(curves)}-cycles", tags={"kind": "experiment"})
     rid = run.info.run_id
     for k, v in params.items():

@@ -93,10 +93,12 @@ def judge_last(cfg, curves: list[CycleMetrics], ab_test: bool = True) -> dict:
     and `rtrl ab` over the whole experiment (v1's traffic as the champion arm, the last policy's as the
     challenger arm), applied: a promote moves `champion`. ab_test=False (org adapters: no new version)."""
     from rl_core.ab.verdict import ab_verdict, apply_verdict
+    from rl_core.registry import card
     from rl_core.rewards.monitors import run_monitors
 
     first, last = curves[0], curves[-1]
     mon = run_monitors(cfg, f"{last.run_id}-served", parent_version=1)
+    card.log_monitors(cfg, mon)
     if not ab_test:
         return {"monitors": {"passed": mon.passed, "reasons": mon.reasons}, "ab": {"decision": "n/a"}}
     ab = ab_verdict(cfg, datetime.fromisoformat(first.window[0]), datetime.fromisoformat(last.window[1]))

@@ -144,12 +144,13 @@ def _inputs_hash(cfg: Config, lake: Lake, run_id: str, base_version: int, base_d
 
 
 def _mlflow_run(cfg: Config, run_id: str, params: dict) -> str:
-    """The MLflow run `train-<run_id>` (reused by a rerun, so a resumed run continues its curves)."""
+    """The MLflow run `train-<run_id>`, found again by its run_id tag (registering renames it `v<N>-<run_id>`),
+    so a resumed or retried run continues its curves."""
     from rl_core.registry import store
 
     c, exp = store.client(cfg), store.experiment_id(cfg)
     name = f"train-{run_id}"
-    found = c.search_runs([exp], filter_string=f"tags.mlflow.runName = '{name}'", max_results=1)
+    found = c.search_runs([exp], filter_string=f"tags.run_id = '{run_id}'", max_results=1)
     if found:
         c.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
@@ -269,15 +270,26 @@ def train(cfg: Config, run_id: str, base_version: int) -> TrainSummary:
     return summary
 
 
+# The summary's names on the MLflow run: train/<name> beside the trainer's per-step curves (train/loss, train/kl,
+# ...), never the same name twice, so the runs table shows each number once (rl_core/registry/card.py).
+SUMMARY_METRICS = {"loss": "loss_mean", "kl": "kl_mean", "kl_max": "kl_max", "clip_frac": "clip_frac_mean",
+                   "is_weight_mean": "is_weight_avg", "is_weight_max": "is_weight_peak", "entropy": "entropy_mean",
+                   "grad_norm": "grad_norm_mean", "tokens_per_s": "tokens_per_s_mean", "steps": "steps",
+                   "truncated": "truncated", "episodes": "episodes"}
+
+
+def summary_metrics(summary: dict) -> dict[str, float]:
+    """A trainer summary (TrainSummary or its JSON) as train/* metrics; unknown or non-finite values left out."""
+    out = {f"train/{name}": summary.get(k) for k, name in SUMMARY_METRICS.items()}
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
 def _close_mlflow(cfg: Config, mlflow_run_id: str, s: TrainSummary) -> None:
     from rl_core.registry import store
 
     c = store.client(cfg)
-    for k in ("loss", "kl", "kl_max", "clip_frac", "is_weight_mean", "is_weight_max", "entropy", "grad_norm",
-              "tokens_per_s", "steps", "truncated", "episodes"):
-        v = getattr(s, k)
-        if v is not None:
-            c.log_metric(mlflow_run_id, f"summary/{k}", float(v))
+    for k, v in summary_metrics(s.model_dump(mode="json")).items():
+        c.log_metric(mlflow_run_id, k, v)
     c.set_tag(mlflow_run_id, "checkpoint", s.checkpoint)
     c.set_terminated(mlflow_run_id, status="FINISHED" if s.status == "ok" else "FAILED")
 
