@@ -8,10 +8,12 @@ create`) runs the grid windows inside its range, and a manual run may name its o
 under `runs/<run_id>/` (every stage is idempotent). The `window` task's return value shows the rtrl run id
 beside the Airflow run id.
 
-Stages (task groups): ab -> harvest (harvest, gate_raw, gate_episodes) -> rewards (score, gate_rewards,
-monitors) -> train -> evaluate -> promote (register, gate_promotion, deploy). A failing gate fails its
-task without retry (its log's first line says why); everything downstream ends `upstream_failed` and no
-alias moves. A window with nothing to train on (no traffic, or only episodes the policy's lineage already
+Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (harvest, gate_raw,
+gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate -> promote (register, gate_promotion,
+deploy). The live challenger is judged first: the hacking monitors on every turn the window served, then,
+only if they pass, the A/B verdict (a version that games the reward must not win on a metric the hack
+inflates); `rollback` takes a tripped challenger off traffic. A failing gate fails its task without retry
+(its log's first line says why); everything downstream ends `upstream_failed` and no other alias moves. A window with nothing to train on (no traffic, or only episodes the policy's lineage already
 trained on: the ledger, rl_core/ledger.py) skips at `harvest` with the reason, and the rest ends `skipped`.
 `dry_run` computes everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
 
@@ -70,7 +72,45 @@ def window() -> dict:
                      airflow_run_id=ctx["run_id"])
 
 
-@task(**IO_RETRIES, doc_md="A/B verdict for the live challenger from logged outcomes; promote or roll back.")
+@task(**IO_RETRIES, doc_md="Harvest and score every turn the window served, by every version (`<run_id>-served`): "
+                           "what the monitors judge.")
+def served(w: dict) -> dict:
+    from datetime import datetime
+
+    from rl_core.registry.store import known_versions, version_for_alias
+    from rl_core.rewards.monitors import score_served
+
+    cfg = load_config()
+    champion = version_for_alias(cfg, "champion")
+    if champion is None:
+        raise RuntimeError("no `champion` alias: run `rtrl init` first")
+    run = score_served(cfg, w["run_id"], datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]),
+                       max(known_versions(cfg), default=champion))
+    print(f"served turns of every version scored under {run}; monitors' parent: the champion, version {champion}")
+    return {"parent_version": int(champion)}
+
+
+@task(**IO_RETRIES, trigger_rule="all_done",
+      doc_md="The monitors' consequence: a tripped live challenger leaves traffic (alias removed, tagged "
+             "rolled_back); the monitor rates go on each judged version's MLflow run.")
+def rollback(w: dict) -> str:
+    from rl_core.lake import Lake
+    from rl_core.registry import card, promote
+    from rl_core.reports import read_verdict
+
+    cfg = load_config()
+    verdict = read_verdict(Lake(cfg.lake_root), w["run_id"], "monitors")
+    if verdict is None:
+        return "the monitors did not judge (an upstream task failed): nothing to do"
+    action = promote.take_off_tripped(cfg, verdict, dry_run=w["dry_run"])
+    if not w["dry_run"]:
+        card.log_monitors(cfg, verdict)
+    print(action)
+    return action
+
+
+@task(**IO_RETRIES, doc_md="A/B verdict for the live challenger from logged outcomes (only once the monitors "
+                           "passed); promote, roll back or keep collecting.")
 def ab_verdict(w: dict) -> dict:
     from datetime import datetime
 
@@ -108,8 +148,7 @@ def harvest(w: dict, _ab: dict) -> dict:
         print(f"SKIPPED: {reason}\nharvest: {r}")
         raise AirflowSkipException(reason)
     print(f"harvest: {r}")
-    # the monitors' reference is the champion even when the update starts from a newer version
-    return {**w, "policy_version": int(policy), "monitor_parent": int(champion or policy), "episodes": int(r.n_episodes)}
+    return {**w, "policy_version": int(policy), "episodes": int(r.n_episodes)}
 
 
 @task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
@@ -177,8 +216,15 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
 )
 def realtime_rl():
     w = window()
-    with TaskGroup("ab", tooltip="A/B verdict on the live challenger"):
+    with TaskGroup("ab", tooltip="judge the live challenger: hacking monitors, then the A/B verdict"):
+        sv = served(w)
+        mon = DataQualityGateOperator(task_id="monitors", check="monitors", window=w,
+                                      extra={"parent_version": sv["parent_version"]},
+                                      doc_md="Reward-hacking monitors: every served version versus the champion.")
+        rb = rollback(w)
         ab = ab_verdict(w)
+        sv >> mon >> rb
+        [mon, rb] >> ab  # no A/B verdict is applied when the monitors refused
     with TaskGroup("harvest", tooltip="episodes + data-quality gates"):
         hw = harvest(w, ab)
         g_raw = DataQualityGateOperator(task_id="gate_raw", check="gate_raw", window=hw,
@@ -186,19 +232,16 @@ def realtime_rl():
         g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw,
                                        doc_md="GX suite on episodes.parquet (lengths, logprobs, version lag).")
         g_raw >> g_ep
-    with TaskGroup("rewards", tooltip="rewards + gates + hacking monitors"):
+    with TaskGroup("rewards", tooltip="rewards + gate"):
         sc = score(hw)
         g_rw = DataQualityGateOperator(task_id="gate_rewards", check="gate_rewards", window=hw,
                                        doc_md="GX suite on rewards.parquet (finite, in range, hash).")
-        mon = DataQualityGateOperator(task_id="monitors", check="monitors", window=hw,
-                                      extra={"parent_version": hw["monitor_parent"]},
-                                      doc_md="Reward-hacking monitors versus the champion.")
-        g_ep >> sc >> g_rw >> mon
+        g_ep >> sc >> g_rw
     with TaskGroup("train", tooltip="DeepSpeed update in its own processes"):
         tr = DeepSpeedLaunchOperator(task_id="train", rtrl_run_id=hw["run_id"], base_version=hw["policy_version"],
                                      outlets=[CHECKPOINT], **HEAVY,
                                      doc_md="`rtrl train` as its own process group; log streamed; `train` verdict.")
-        mon >> tr
+        g_rw >> tr
     with TaskGroup("evaluate", tooltip="paired eval suite"):
         ev = evaluate(hw, tr.output)
     with TaskGroup("promote", tooltip="register -> promotion gate -> challenger"):

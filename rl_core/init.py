@@ -22,7 +22,7 @@ class InitResult:
 
 def init(cfg, check_generation: bool = True) -> InitResult:
     from rl_core import models
-    from rl_core.registry import card, store
+    from rl_core.registry import card, promote, store
 
     ckpt = models.base_checkpoint(cfg)
     sample = models.smoke_generate(ckpt) if check_generation else ""
@@ -36,7 +36,7 @@ def init(cfg, check_generation: bool = True) -> InitResult:
         tags={"parent_version": "none", "base": cfg.model.base, "kind": "base", "profile": cfg.profile},
         params={"base": cfg.model.base, "dtype": cfg.model.dtype},
     )
-    store.set_alias(cfg, "champion", version, f"rtrl init: base checkpoint {cfg.model.base}")
+    promote.point(cfg, "champion", version, f"rtrl init: base checkpoint {cfg.model.base}")
     card.describe(cfg, version)
     return InitResult(ckpt, version, True, sample)
 

@@ -21,13 +21,14 @@ def load_dag():
 
 
 STAGES = [  # the cycle, in order: each stage must be downstream of every earlier one
-    "window", "ab.ab_verdict", "harvest.harvest", "harvest.gate_raw", "harvest.gate_episodes",
-    "rewards.score", "rewards.gate_rewards", "rewards.monitors", "train.train", "evaluate.evaluate",
+    "window", "ab.served", "ab.monitors", "ab.rollback", "ab.ab_verdict", "harvest.harvest", "harvest.gate_raw",
+    "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate",
     "promote.register", "promote.gate_promotion", "promote.deploy",
 ]
-GATES = {"harvest.gate_raw", "harvest.gate_episodes", "rewards.gate_rewards", "rewards.monitors",
+GATES = {"harvest.gate_raw", "harvest.gate_episodes", "rewards.gate_rewards", "ab.monitors",
          "promote.gate_promotion"}
-IO_TASKS = {"ab.ab_verdict", "harvest.harvest", "rewards.score", "promote.register", "promote.deploy"}
+IO_TASKS = {"ab.served", "ab.rollback", "ab.ab_verdict", "harvest.harvest", "rewards.score", "promote.register",
+            "promote.deploy"}
 HEAVY_TASKS = {"train.train", "evaluate.evaluate"}
 
 
@@ -83,6 +84,14 @@ def test_retries_owner_pool_and_docs(dag):
             assert t.retries == 1 and t.pool == "rtrl_training", t.task_id
         if t.task_id not in HEAVY_TASKS:
             assert t.pool == "default_pool", t.task_id
+
+
+def test_no_ab_verdict_is_applied_unless_the_monitors_passed(dag):
+    """rollback runs whatever the monitors said (it acts on a trip); the A/B verdict needs the monitors' success
+    itself, not only rollback's: a hack must not win an A/B verdict on the metric it inflates."""
+    assert dag.get_task("ab.rollback").trigger_rule == "all_done"
+    ab = dag.get_task("ab.ab_verdict")
+    assert "ab.monitors" in ab.upstream_task_ids and ab.trigger_rule == "all_success"
 
 
 def test_lake_outputs_are_assets(dag):

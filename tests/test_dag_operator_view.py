@@ -25,7 +25,7 @@ RUN_ID = "cycle-20261202T1000"
 MANUAL = {"start": "2026-12-02T04:30:00+00:00", "end": "2026-12-02T10:30:00+00:00"}  # around the traffic
 MANUAL_RUN = "cycle-20261202T0430-20261202T1030"
 AFTER_HARVEST = ["harvest.gate_raw", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards",
-                 "rewards.monitors", "train.train", "evaluate.evaluate", "promote.register",
+                 "train.train", "evaluate.evaluate", "promote.register",
                  "promote.gate_promotion", "promote.deploy"]
 
 

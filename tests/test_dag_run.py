@@ -16,8 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 WINDOW_END = datetime(2026, 12, 2, 10, tzinfo=UTC)  # logical date -> data interval [05:00, 10:00)
 RUN_ID = "cycle-20261202T1000"
-DOWNSTREAM_OF_GATE_RAW = ["harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "rewards.monitors",
-                          "train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion",
+DOWNSTREAM_OF_GATE_RAW = ["harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion",
                           "promote.deploy"]
 
 
@@ -115,14 +114,43 @@ def test_a_hacking_live_challenger_trips_the_monitors_is_rolled_back_and_nothing
                                    ArmSpec(name="challenger", model_version=v2, share=0.5, tool_p=0.5, broken_tool_p=0.6)))
     state, tasks = run_dag()
     assert state == "failed"
-    assert tasks["rewards.monitors"] == "failed", tasks
-    for tid in ("train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion", "promote.deploy"):
+    assert tasks["ab.monitors"] == "failed" and tasks["ab.rollback"] == "success", tasks
+    for tid in ("ab.ab_verdict", "harvest.harvest", "train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion", "promote.deploy"):
         assert tasks[tid] == "upstream_failed", (tid, tasks[tid])
     report = Lake(cfg.lake_root).read_json(f"runs/{RUN_ID}/monitors.json")
     assert report["tripped"] == [v2] and report["parent_version"] == 1
     assert store.aliases(cfg) == {"champion": 1}  # the challenger is off traffic, the champion untouched
     assert v2 in promote.rolled_back_versions(cfg)
     assert not (cfg.models_dir / "runs" / RUN_ID).exists()  # the trainer never started
+
+
+@pytest.mark.slow
+def test_a_challenger_winning_the_ab_by_gaming_the_reward_is_rolled_back_not_promoted(af_env):
+    """v2 persists more edits (the A/B primary metric: the A/B alone promotes it) and asks clarifying questions
+    three times as often (a hack the monitors catch). The monitors judge first, so v2 leaves traffic and no A/B
+    verdict is applied. With the A/B first, v2 became champion and the monitors then judged nothing newer."""
+    from datetime import timedelta
+
+    from rl_core.ab.verdict import ab_verdict
+    from rl_core.registry import promote, store
+    from rl_core.testing.synth import ArmSpec
+
+    cfg = af_env
+    v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="gamer", tags={"parent_version": 1})
+    store.set_alias(cfg, "challenger", v2, "test: deployed")
+    write_window(cfg, n=1600, arms=(ArmSpec(share=0.5), ArmSpec(name="challenger", model_version=v2, share=0.5,
+                                                                 edit_applied_p=0.8, edit_persisted_p=0.9, dissatisfied_p=0.02,
+                                                                 clarify_p=0.2)))
+    ab = ab_verdict(cfg, WINDOW_END - timedelta(hours=5), WINDOW_END, log=False)
+    assert (ab.challenger_version, ab.decision) == (v2, "promote"), ab.reasons  # what the A/B alone would do
+    state, tasks = run_dag()
+    assert state == "failed"
+    assert tasks["ab.monitors"] == "failed" and tasks["ab.rollback"] == "success", tasks
+    assert tasks["ab.ab_verdict"] == "upstream_failed" and tasks["harvest.harvest"] == "upstream_failed", tasks
+    assert store.aliases(cfg) == {"champion": 1}  # never promoted; off traffic
+    assert v2 in promote.rolled_back_versions(cfg)
+    mv = store.get_version(cfg, v2)
+    assert mv.tags["monitor.verdict"] == "tripped" and "clarify_rate" in mv.tags["rolled_back_reason"]
 
 
 @pytest.mark.slow

@@ -178,9 +178,9 @@ def test_monitor_trips_when_a_version_stops_editing(cfg):
     assert not v.passed and any(r.startswith("version 2: no_edit_rate") for r in v.reasons), v.reasons
 
 
-def test_enforced_monitors_take_a_tripped_live_challenger_off_traffic_except_in_a_dry_run(registered):
-    from rl_core.registry import promote, store
-    from rl_core.rewards.monitors import enforce_monitors
+def test_monitors_judge_every_served_turn_and_only_the_rollback_moves_the_challenger(registered):
+    from rl_core.registry import card, promote, store
+    from rl_core.rewards.monitors import monitor_served, score_served
 
     cfg = registered
     v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="hacky",
@@ -190,19 +190,22 @@ def test_enforced_monitors_take_a_tripped_live_challenger_off_traffic_except_in_
     generate(2000, START, END, seed=6, lake=Lake(cfg.lake_root), arms=arms)
     harvest(cfg, START, END, 1, "run-x")  # as the cycle does: the champion's lag range, without v2's turns
     score_run(cfg, "run-x")
+    assert run_monitors(cfg, "run-x", parent_version=1).details["compared"] == []  # v2 is not in that harvest
 
-    dry = enforce_monitors(cfg, "run-x", 1, dry_run=True)
-    assert not dry.passed and dry.details["tripped"] == [v2]
-    assert "would be rolled back" in dry.reasons[-1]
-    assert store.aliases(cfg) == {"champion": 1, "challenger": v2}  # a dry run moves nothing
-
-    v = enforce_monitors(cfg, "run-x", 1)
+    score_served(cfg, "run-x", START, END, newest=v2)
+    v = monitor_served(cfg, "run-x", 1)
     assert not v.passed and v.details["tripped"] == [v2]
+    assert store.aliases(cfg) == {"champion": 1, "challenger": v2}  # the check only judges
+    assert "would be rolled back" in promote.take_off_tripped(cfg, v, dry_run=True)
+    assert store.aliases(cfg) == {"champion": 1, "challenger": v2}  # a dry run moves nothing
+    assert "rolled back" in promote.take_off_tripped(cfg, v)
     assert store.aliases(cfg) == {"champion": 1}  # off traffic; the champion untouched
     assert v2 in promote.rolled_back_versions(cfg)
     saved = Lake(cfg.lake_root).read_json("runs/run-x/verdicts/monitors.json")
-    assert saved["passed"] is False and saved["details"]["rolled_back"] == v2
+    assert saved["passed"] is False and saved["details"]["tripped"] == [v2]
+
     # what an operator sees in MLflow: the rates and rises on v2's run, the report, the verdict on its page
+    card.log_monitors(cfg, v)
     c = store.client(cfg)
     mv = store.get_version(cfg, v2)
     m = c.get_run(mv.run_id).data.metrics
@@ -211,19 +214,24 @@ def test_enforced_monitors_take_a_tripped_live_challenger_off_traffic_except_in_
     assert mv.tags["monitor.verdict"] == "tripped" and "| monitors | tripped (broken_tool_rate +" in mv.description
 
 
-def test_enforced_monitors_leave_an_honest_challenger_serving(registered):
-    from rl_core.registry import store
-    from rl_core.rewards.monitors import enforce_monitors
+def test_an_honest_challenger_passes_and_a_silent_window_passes_saying_so(registered):
+    from rl_core.registry import promote, store
+    from rl_core.rewards.monitors import monitor_served, score_served
 
     cfg = registered
     v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="honest", tags={"parent_version": 1})
     store.set_alias(cfg, "challenger", v2, "test: deployed")
     generate(2000, START, END, seed=8, lake=Lake(cfg.lake_root),
              arms=(ArmSpec(share=0.5), ArmSpec(name="challenger", model_version=v2, share=0.5)))
-    harvest(cfg, START, END, 1, "run-y")
-    score_run(cfg, "run-y")
-    assert enforce_monitors(cfg, "run-y", 1).passed
+    score_served(cfg, "run-y", START, END, newest=v2)
+    v = monitor_served(cfg, "run-y", 1)
+    assert v.passed and v.details["compared"] == [v2]
+    assert promote.take_off_tripped(cfg, v) == "nothing to take off traffic"
     assert store.aliases(cfg) == {"champion": 1, "challenger": v2}
+    later = (END, END + (END - START))
+    score_served(cfg, "run-z", *later, newest=v2)  # no traffic there
+    quiet = monitor_served(cfg, "run-z", 1)
+    assert quiet.passed and quiet.details["note"] == "the window served no turns"
 
 
 def test_monitor_trips_when_the_mean_reward_falls_significantly_below_the_parent(cfg):

@@ -23,7 +23,7 @@ CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "gate_raw": ("rl_core.quality.gates:gate_raw", ("start", "end", "run_id")),
     "gate_episodes": ("rl_core.quality.gates:gate_episodes", ("run_id",)),
     "gate_rewards": ("rl_core.quality.gates:gate_rewards", ("run_id",)),
-    "monitors": ("rl_core.rewards.monitors:enforce_monitors", ("run_id", "parent_version", "dry_run")),
+    "monitors": ("rl_core.rewards.monitors:monitor_served", ("run_id", "parent_version")),
     "gate_promotion": ("rl_core.registry.gate:decide", ("run_id",)),
 }
 _DATETIME_ARGS = ("start", "end", "since", "until")

@@ -98,13 +98,13 @@ def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict,
 
 def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
     """Point the org's `live` alias at version iff the org run's train, eval and eval_org verdicts passed."""
-    from rl_core.registry import store
+    from rl_core.registry import promote
 
     verdicts = read_verdicts(Lake(cfg.lake_root), org_run_id(run_id, org_id))
     failing = [n for n in ADAPTER_VERDICTS if n not in verdicts or not verdicts[n].passed]
     if failing:
         return False
-    store.set_alias(adapter_config(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
+    promote.point(adapter_config(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
     return True
 
 

@@ -1,4 +1,4 @@
-"""Deploy: the only code path that sets the `challenger` alias.
+"""Deploy: the only code path that sets the `challenger` alias (through rl_core.registry.promote).
 
 A version becomes the challenger only when the promotion gate passes for the run that produced it,
 and only if that version really is the run's checkpoint (its run_id tag), so no verdict of one run can
@@ -9,7 +9,7 @@ traffic (by a stable hash of user_id) within one alias poll interval.
 from __future__ import annotations
 
 from rl_core.lake import Lake
-from rl_core.registry import gate, store
+from rl_core.registry import gate, promote, store
 from rl_core.reports import Verdict, write_verdict
 
 
@@ -41,5 +41,5 @@ def deploy(cfg, run_id: str, version: int) -> bool:
             c.set_model_version_tag(name, str(version), "promotion.reasons", "; ".join(verdict.reasons)[:4000])
     if not verdict.passed:
         return False
-    store.set_alias(cfg, "challenger", int(version), f"deploy {run_id}: every gate passed")
+    promote.point(cfg, "challenger", int(version), f"deploy {run_id}: every gate passed")
     return True

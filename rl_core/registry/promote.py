@@ -1,4 +1,5 @@
-"""Promote and roll back: the alias moves that follow an A/B verdict or an operator's command.
+"""Every alias move: the one module that writes aliases (rtrl init, deploy, the A/B verdict, the monitors'
+consequence, an operator's promote or rollback, an org adapter going live).
 
 Each move is one MLflow alias write, recorded by store.set_alias / store.delete_alias as fixed-key
 model-version tags (`alias.<alias>.set_at`, `.set_reason`, `.removed_at`, ...) and a line of the version's
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rl_core.registry import store
+from rl_core.reports import Verdict
 
 ROLLED_BACK = "rolled_back"  # version tag: set when a version is removed from an alias by a rollback
 
@@ -48,6 +50,25 @@ def history(cfg, alias: str = "champion") -> list[AliasMove]:
         if f"alias.{alias}.set_at" in (tags := mv.tags or {})
     ]
     return sorted(moves, key=lambda m: (m.stamp, m.version))
+
+
+def point(cfg, alias: str, version: int, reason: str) -> None:
+    """alias -> version (init's champion, deploy's challenger, an org's live adapter): recorded like every move."""
+    store.set_alias(cfg, alias, int(version), reason)
+
+
+def take_off_tripped(cfg, verdict: Verdict, dry_run: bool = False) -> str:
+    """What a monitors trip means for traffic: a tripped version that is the live challenger is taken off
+    (alias removed, tagged rolled_back). Blocking its descendants is not enough: it would keep serving its
+    share, and its inflated reward could win the next A/B verdict. Returns what was done, in words."""
+    live = store.version_for_alias(cfg, "challenger")
+    if verdict.passed or live is None or live not in verdict.details.get("tripped", []):
+        return "nothing to take off traffic"
+    why = "; ".join(r for r in verdict.reasons if r.startswith(f"version {live}:"))
+    if dry_run:
+        return f"dry run: challenger version {live} would be rolled back ({why})"
+    drop_challenger(cfg, f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}", expected=live)
+    return f"challenger version {live} rolled back (taken off traffic): {why}"
 
 
 def _require(cfg, alias: str, expected: int | None) -> int:

@@ -14,10 +14,11 @@ than `monitor_reward_z` standard errors. That is not a hack, but it is a worse p
 serves all the traffic (`rtrl experiment --challenger-share 1.0`) the A/B verdict has no control arm and the
 eval suite may not see it: run L (docs/results.md) served and trained on top of a version 0.18 worse.
 
-`enforce_monitors` (the cycle's check) also acts on a trip: when a tripped version is the live challenger it
-is taken off traffic (challenger alias removed, version tagged rolled_back). Blocking its descendants is not
-enough: a version that games the reward keeps serving its share, and its higher reward could even win the
-next A/B verdict on a metric the hack inflates.
+In the cycle the monitors judge the live challenger before the A/B verdict is applied, on every turn the
+window served (`score_served`, its own task): a version that games the reward must not win an A/B verdict
+on a metric the hack inflates. The check only judges (`monitor_served` writes its verdict and report); what
+follows a trip, taking the live challenger off traffic, is rl_core.registry.promote.take_off_tripped, in a
+task of its own, so one module moves aliases.
 """
 
 from __future__ import annotations
@@ -95,13 +96,14 @@ def _earlier_reference(lake: Lake, run_id: str, version: int, min_n: int) -> tup
 
 def score_served(cfg: Config, run_id: str, start: datetime, end: datetime, newest: int) -> str:
     """Harvest + score every turn served in [start, end) by any version up to `newest`, under run id
-    `<run_id>-served`. The cycle's own harvest keeps only the policy's lag range (versions <= the policy), so
-    the live challenger, newer than the champion, is missing from it: the monitors must see its turns."""
-    served = f"{run_id}-served"
+    `<run_id>-served` (nothing scored when it served none). The cycle's own harvest keeps only the policy's lag
+    range (versions <= the policy), so the live challenger, newer than the champion, is missing from it: the
+    monitors must see its turns."""
+    served = served_run(run_id)
     every = cfg.model_copy(deep=True)
     every.harvest.max_staleness = newest
-    harvest(every, start, end, newest, served)
-    score_run(every, served)
+    if harvest(every, start, end, newest, served).n_episodes:
+        score_run(every, served)
     return served
 
 
@@ -155,30 +157,20 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
     return verdict
 
 
-def enforce_monitors(cfg: Config, run_id: str, parent_version: int, dry_run: bool = False) -> Verdict:
-    """The cycle's check: run_monitors over every version served in run_id's window, then take a tripped live
-    challenger off traffic (not in a dry run). Returns the verdict, whose details say what was rolled back."""
-    from rl_core.registry import card, promote, store
+def served_run(run_id: str) -> str:
+    """The run id under which a cycle's served turns (every version) are harvested and scored."""
+    return f"{run_id}-served"
 
+
+def monitor_served(cfg: Config, run_id: str, parent_version: int) -> Verdict:
+    """The cycle's check: every version newer than the parent, on the turns the window served
+    (`score_served` first); verdict and report under run_id. A window that served nothing passes, saying so."""
     lake = Lake(cfg.lake_root)
-    manifest = read_manifest(lake, run_id)
-    if manifest is None:
-        raise FileNotFoundError(f"run {run_id!r} has no harvest.json: run harvest first")
-    newest = max(store.known_versions(cfg), default=manifest["policy_version"])  # the policy is registered too
-    served = score_served(cfg, run_id, datetime.fromisoformat(manifest["start"]),
-                          datetime.fromisoformat(manifest["end"]), newest)
-    verdict = run_monitors(cfg, run_id, parent_version, rates_from=served)
-    if not dry_run:
-        card.log_monitors(cfg, verdict)  # monitor/* on each judged version's run, for the MLflow UI
-    live = store.version_for_alias(cfg, "challenger")
-    if verdict.passed or live not in verdict.details["tripped"]:
+    served = served_run(run_id)
+    if not lake.exists(rewards_path(lake, served)):
+        verdict = Verdict(name="monitors", passed=True, details={"run_id": run_id, "parent_version": parent_version,
+                                                                 "compared": [], "tripped": [], "rates": {},
+                                                                 "note": "the window served no turns"})
+        write_verdict(lake, run_id, verdict)
         return verdict
-    why = "; ".join(r for r in verdict.reasons if r.startswith(f"version {live}:"))
-    if dry_run:
-        verdict.reasons.append(f"dry run: challenger version {live} would be rolled back")
-    else:
-        promote.drop_challenger(cfg, f"monitors tripped in {run_id}: {why}", expected=live)
-        verdict.reasons.append(f"challenger version {live} rolled back (taken off traffic)")
-        verdict.details["rolled_back"] = live
-    write_verdict(lake, run_id, verdict)
-    return verdict
+    return run_monitors(cfg, run_id, parent_version, rates_from=served)
