@@ -16,7 +16,6 @@ from rl_core.lake import Lake
 from rl_core.schema import now_utc
 
 # The verdicts a full cycle must produce before its checkpoint may become the challenger.
-REQUIRED_VERDICTS = ("gate_raw", "gate_episodes", "gate_rewards", "monitors", "train", "eval")
 
 
 class Verdict(BaseModel):

@@ -46,6 +46,10 @@ def test_dagbag_has_no_import_errors():
 
 
 def test_tasks_are_the_cycle_in_order_and_acyclic(dag):
+    from rl_core import pipeline
+
+    assert [t.split(".")[-1] for t in STAGES] == list(pipeline.CYCLE)  # the DAG follows the one definition
+    assert {t.split(".")[-1] for t in GATES} == {g.name for g in pipeline.GATES}
     assert set(dag.task_ids) == set(STAGES)
     # Kahn's algorithm: every task gets scheduled exactly once -> no cycle
     indeg = {t.task_id: len(t.upstream_task_ids) for t in dag.tasks}

@@ -10,7 +10,8 @@ import pytest
 from test_registry_lifecycle import write_run
 
 from rl_core.lake import Lake
-from rl_core.reports import REQUIRED_VERDICTS, GateFailed, read_verdict
+from rl_core.pipeline import REQUIRED_VERDICTS
+from rl_core.reports import GateFailed, read_verdict
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from rl_core.lake import Lake
-from rl_core.reports import REQUIRED_VERDICTS, Verdict, write_verdict
+from rl_core.pipeline import REQUIRED_VERDICTS
+from rl_core.reports import Verdict, write_verdict
 
 WINDOW = ("2026-12-02T05:00:00+00:00", "2026-12-02T10:00:00+00:00")
 

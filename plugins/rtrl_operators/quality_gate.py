@@ -18,25 +18,11 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-# check name -> ("module:function", positional argument names after cfg), as in the cycle contract
-CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "gate_raw": ("rl_core.quality.gates:gate_raw", ("start", "end", "run_id")),
-    "gate_episodes": ("rl_core.quality.gates:gate_episodes", ("run_id",)),
-    "gate_rewards": ("rl_core.quality.gates:gate_rewards", ("run_id",)),
-    "monitors": ("rl_core.rewards.monitors:monitor_served", ("run_id", "parent_version")),
-    "gate_promotion": ("rl_core.registry.gate:decide", ("run_id",)),
-}
+from rl_core.pipeline import GATES, callable_of
+
+# check name -> ("module:function", positional argument names after cfg): the cycle's gates, defined once
+CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {g.name: (g.call, g.args) for g in GATES}
 _DATETIME_ARGS = ("start", "end", "since", "until")
-
-
-def import_callable(path: str):
-    """'package.module:function' -> the function (imported at execute time, never at DAG parse time)."""
-    import importlib
-
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"callable path {path!r} must look like 'package.module:function'")
-    return getattr(importlib.import_module(module), name)
 
 
 class DataQualityGateOperator(BaseOperator):
@@ -94,7 +80,7 @@ class DataQualityGateOperator(BaseOperator):
 
         args = self._args()  # bad input fails before anything is imported or read
         cfg = load_config()
-        fn = import_callable(self.callable_path)
+        fn = callable_of(self.callable_path)
         try:
             verdict = fn(cfg, *args)
         except GateFailed as exc:

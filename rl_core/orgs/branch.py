@@ -1,8 +1,9 @@
 """The per-org branch of the cycle, as the two calls an orchestrator needs: who, then one org end to end.
 
 `org_targets` lists the orgs of the cycle's harvest with enough data; `adapt_org` runs one org's whole
-pipeline (episodes, rewards, LoRA update of the champion, paired evals, registration, `live` alias when
-every adapter verdict passed). Airflow maps `adapt_org` over `org_targets` (dynamic task mapping), so each
+pipeline (episodes, rewards, the cycle's data-quality gates and reward-hacking monitors on the org's run,
+LoRA update of the champion, paired evals, registration, `live` alias when every verdict the cycle requires
+and eval_org passed). Airflow maps `adapt_org` over `org_targets` (dynamic task mapping), so each
 org is its own task instance: one org failing (too little data, a failed gate, a crash) fails only its
 instance, and the others train, evaluate and deploy.
 """
@@ -13,8 +14,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from rl_core.config import Config
-from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, prepare_org, train_org
+from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, org_run_id, prepare_org, train_org
 from rl_core.orgs.registry import deploy_adapter, register_adapter
+from rl_core.pipeline import BEFORE_TRAIN, run_gates
+from rl_core.rewards.monitors import score_served
 
 
 def org_targets(cfg: Config, run_id: str, min_episodes: int | None = None) -> list[str]:
@@ -37,11 +40,23 @@ class OrgOutcome:
     live: bool  # the `live` alias moved to it
 
 
+def check_org_run(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str, org_id: str) -> None:
+    """The cycle's checks before an update (rl_core.pipeline.BEFORE_TRAIN) on the org's run: the data-quality
+    gates on its episodes and rewards, and the reward-hacking monitors on every turn the window served the
+    org's users (versions newer than the base against it). Raises GateFailed with the first refusal."""
+    from rl_core.registry.store import known_versions
+
+    orun = org_run_id(run_id, org_id)
+    score_served(cfg, orun, start, end, max(known_versions(cfg), default=policy_version), org_id=org_id)
+    run_gates(cfg, BEFORE_TRAIN, {"run_id": orun, "start": start, "end": end, "parent_version": policy_version})
+
+
 def adapt_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str, org_id: str,
               dry_run: bool = False) -> dict:
     """One org end to end on top of policy_version (the champion). Raises on any failure (OrgError,
     GateFailed, TrainFailed, ...): the orchestrator marks that org's task failed and no alias moves."""
     h = prepare_org(cfg, start, end, policy_version, run_id, org_id)
+    check_org_run(cfg, start, end, policy_version, run_id, org_id)
     summary = train_org(cfg, run_id, org_id, policy_version)
     ev = evaluate_org(cfg, run_id, org_id, policy_version)
     version = name = None

@@ -19,11 +19,11 @@ from pathlib import Path
 from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.orgs.pipeline import check_org, org_run_id
+from rl_core.pipeline import ADAPTER_VERDICTS
 from rl_core.reports import read_verdicts
 
 ADAPTER_PREFIX = "rtrl-adapter-"
 LIVE_ALIAS = "live"
-ADAPTER_VERDICTS = ("train", "eval", "eval_org")  # what an adapter must pass before it serves its org
 
 
 @dataclass
@@ -97,7 +97,8 @@ def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict,
 
 
 def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
-    """Point the org's `live` alias at version iff the org run's train, eval and eval_org verdicts passed."""
+    """Point the org's `live` alias at version iff every verdict the cycle requires (the data gates, the
+    monitors, train, eval) and eval_org passed for the org's run."""
     from rl_core.registry import promote
 
     verdicts = read_verdicts(Lake(cfg.lake_root), org_run_id(run_id, org_id))

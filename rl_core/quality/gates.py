@@ -74,7 +74,8 @@ def known_versions(cfg: Config) -> list[int]:
 
 def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
              known: list[int] | None = None) -> Verdict:
-    """Raw interactions in [start, end) and feedback up to end + grace (verdict "gate_raw")."""
+    """Raw interactions in [start, end) and feedback up to end + grace (verdict "gate_raw"); only the org's rows
+    when the run is an org adapter's (its harvest manifest names the org)."""
     start, end = utc(start, "start"), utc(end, "end")
     if end <= start:
         raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
@@ -93,8 +94,10 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
-        idf = con.sql(load_sql("quality/raw_interactions.sql"), params={"start": start, "end": end}).df()
-        fdf = con.sql(load_sql("quality/raw_feedback.sql"), params={"start": start, "grace_end": grace_end}).df()
+        org = (read_manifest(lake, run_id) or {}).get("org_id")  # an org adapter's run judges its org's rows
+        idf = con.sql(load_sql("quality/raw_interactions.sql"), params={"start": start, "end": end, "org_id": org}).df()
+        fdf = con.sql(load_sql("quality/raw_feedback.sql"),
+                      params={"start": start, "grace_end": grace_end, "org_id": org}).df()
     finally:
         con.close()
     details |= {"interactions": len(idf), "feedback": len(fdf)}
@@ -154,9 +157,13 @@ def gate_episodes(cfg: Config, run_id: str) -> Verdict:
               "credit weight in [0, 1]"),
         Check("ExpectColumnMeanToBeBetween", {"column": "has_feedback", "min_value": g.min_feedback_share},
               "share of episodes with feedback"),
-        Check("ExpectColumnMaxToBeBetween", {"column": "org_share", "max_value": g.max_org_share},
-              "no single org above max_org_share"),
     ]
+    if manifest.get("org_id"):  # an org adapter's run: one org by construction, and only that org
+        checks.append(Check("ExpectColumnValuesToBeInSet", {"column": "org_id", "value_set": [manifest["org_id"]]},
+                            "only the adapter's own organisation"))
+    else:  # the shared policy must not be dominated by one org
+        checks.append(Check("ExpectColumnMaxToBeBetween", {"column": "org_share", "max_value": g.max_org_share},
+                            "no single org above max_org_share"))
     if manifest.get("policy_version") is not None:
         checks.append(Check("ExpectColumnValuesToBeInSet",
                             {"column": "policy_version", "value_set": [manifest["policy_version"]]},

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 
 from rl_core.lake import Lake
-from rl_core.reports import REQUIRED_VERDICTS, GateFailed, Verdict, read_verdicts, write_verdict
+from rl_core.pipeline import REQUIRED_VERDICTS
+from rl_core.reports import GateFailed, Verdict, read_verdicts, write_verdict
 
 NAME = "promotion"
 LOSS_KEYS = ("loss", "final_loss", "mean_loss")

@@ -94,15 +94,16 @@ def _earlier_reference(lake: Lake, run_id: str, version: int, min_n: int) -> tup
     return (best[1], f"run {best[2]}") if best else (None, None)
 
 
-def score_served(cfg: Config, run_id: str, start: datetime, end: datetime, newest: int) -> str:
-    """Harvest + score every turn served in [start, end) by any version up to `newest`, under run id
-    `<run_id>-served` (nothing scored when it served none). The cycle's own harvest keeps only the policy's lag
-    range (versions <= the policy), so the live challenger, newer than the champion, is missing from it: the
-    monitors must see its turns."""
+def score_served(cfg: Config, run_id: str, start: datetime, end: datetime, newest: int,
+                 org_id: str | None = None) -> str:
+    """Harvest + score every turn served in [start, end) by any version up to `newest` (of org_id only, when
+    given), under run id `<run_id>-served` (nothing scored when it served none). The cycle's own harvest keeps
+    only the policy's lag range (versions <= the policy), so the live challenger, newer than the champion, is
+    missing from it: the monitors must see its turns."""
     served = served_run(run_id)
     every = cfg.model_copy(deep=True)
     every.harvest.max_staleness = newest
-    if harvest(every, start, end, newest, served).n_episodes:
+    if harvest(every, start, end, newest, served, org_id=org_id).n_episodes:
         score_run(every, served)
     return served
 

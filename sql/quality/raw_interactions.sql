@@ -1,4 +1,5 @@
--- Per-row facts the raw-interactions suite checks (rl_core/quality/gates.py), for [start, end).
+-- Per-row facts the raw-interactions suite checks (rl_core/quality/gates.py), for [start, end); of one org
+-- when $org_id is set (an org adapter's run), else of every org.
 SELECT
     event_id, org_id, user_id, session_id, turn_index, model_version, arm,
     len(completion_token_ids) AS n_completion_tokens,
@@ -9,3 +10,4 @@ SELECT
     ts_response >= ts_request AS ts_ordered
 FROM interactions
 WHERE ts_request >= $start AND ts_request < $end
+    AND ($org_id::VARCHAR IS NULL OR org_id = $org_id::VARCHAR)
