@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+from typing import Any
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("rl_core.init:add_init", "convert the base model once and register it as version 1 (champion)"),
@@ -101,11 +103,39 @@ def add_config(p: argparse.ArgumentParser) -> None:
 
 
 def _config_show(args) -> int:
-    from rl_core.config import load_config, to_toml
+    from rl_core.config import load_config
 
     cfg = load_config()
     print(cfg.model_dump_json(indent=2) if args.json else to_toml(cfg), end="" if not args.json else "\n")
     return 0
+
+
+def to_toml(cfg) -> str:
+    """The effective config as TOML text (what `rtrl config show` prints)."""
+    data = cfg.model_dump(exclude={"source"})
+    lines = [f"# effective rtrl config (profile {cfg.profile}, from {cfg.source})"]
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            continue
+        lines.append(f"\n[{section}]")
+        for k, v in values.items():
+            # TOML has no null: an unset optional key is shown as a comment
+            lines.append(f"# {k} unset" if v is None else f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
 
 
 if __name__ == "__main__":

@@ -352,15 +352,10 @@ def _format_errors(err: ValidationError, sources: dict, file_label: str) -> str:
     lines = []
     for e in err.errors():
         loc = [str(x) for x in e["loc"]]
-        dotted = ".".join(loc)
-        origin = None
-        for i in range(len(loc), 0, -1):
-            origin = sources.get(".".join(loc[:i]))
-            if origin:
-                break
-        where = origin or file_label
-        field = f"[{loc[0]}] {'.'.join(loc[1:])}" if len(loc) > 1 else dotted
-        lines.append(f"{where}: {field}: {e['msg']} (got {e.get('input')!r})")
+        # the most specific key that has a recorded origin (the file, the profile or an env variable)
+        origin = next((sources[k] for i in range(len(loc), 0, -1) if (k := ".".join(loc[:i])) in sources), None)
+        field = f"[{loc[0]}] {'.'.join(loc[1:])}" if len(loc) > 1 else ".".join(loc)
+        lines.append(f"{origin or file_label}: {field}: {e['msg']} (got {e.get('input')!r})")
     return "invalid rtrl config:\n  " + "\n  ".join(lines)
 
 
@@ -402,31 +397,3 @@ def _flatten(d: dict, prefix: str = "") -> list[str]:
             keys.extend(_flatten(v, f"{prefix}{k}."))
         keys.append(f"{prefix}{k}")
     return keys
-
-
-def to_toml(cfg: Config) -> str:
-    """The effective config as TOML text (what `rtrl config show` prints)."""
-    data = cfg.model_dump(exclude={"source"})
-    lines = [f"# effective rtrl config (profile {cfg.profile}, from {cfg.source})"]
-    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
-    for section, values in data.items():
-        if not isinstance(values, dict):
-            continue
-        lines.append(f"\n[{section}]")
-        for k, v in values.items():
-            # TOML has no null: an unset optional key is shown as a comment
-            lines.append(f"# {k} unset" if v is None else f"{k} = {_toml_value(v)}")
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rl_core.config import REPO_ROOT, ConfigError, load_config, to_toml
+from rl_core.cli import to_toml
+from rl_core.config import REPO_ROOT, ConfigError, load_config
 
 
 def write(tmp_path, text: str):

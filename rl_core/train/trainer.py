@@ -175,6 +175,36 @@ class _MlflowLog:
         self.client.log_batch(self.run_id, metrics=rows)
 
 
+def _optimizer_step(engine, micro_batches: list, tc, lc, ref, params: list, device) -> dict[str, float]:
+    """One optimizer step over grad_accum micro-batches; its metrics, token-weighted over every rank."""
+    from rl_core.train.data import to_tensors
+    from rl_core.train.step import compute_loss
+
+    t0, gn0 = time.time(), float("nan")
+    sums: dict[str, float] = {k: 0.0 for k in MEAN_KEYS} | {"tokens": 0.0, "seq_tokens": 0.0}
+    maxes = {"is_weight_max": 0.0}
+    for b in micro_batches:
+        t = to_tensors(b, device)
+        out = compute_loss(engine, t, lc, ref)
+        engine.backward(out.loss)
+        if tc.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
+            gn0 = _grad_norm(params)  # ZeRO-0 clips without keeping the norm: take it before the step
+        engine.step()
+        n = float(out.metrics["tokens"])
+        for k in MEAN_KEYS:
+            v = out.loss.detach() if k == "loss" else out.metrics.get(k)
+            sums[k] += float(v) * n if v is not None else 0.0
+        sums["tokens"] += n
+        sums["seq_tokens"] += float(t["attention_mask"].sum())
+        maxes["is_weight_max"] = max(maxes["is_weight_max"], float(out.metrics["is_weight_max"]))
+    sums, maxes = _reduce(sums, maxes, device)
+    dt = max(time.time() - t0, 1e-9)
+    rec = {k: sums[k] / max(sums["tokens"], 1.0) for k in MEAN_KEYS} | maxes
+    gn = engine.get_global_grad_norm() if tc.zero_stage else gn0
+    return rec | {"grad_norm": float(gn) if gn is not None else float("nan"), "tokens_per_s": sums["seq_tokens"] / dt,
+                  "completion_tokens": sums["tokens"], "step_s": dt}
+
+
 def run(spec: TrainSpec) -> int:
     """Train; returns the process exit code (0 ok)."""
     t_start = time.time()
@@ -186,10 +216,9 @@ def run(spec: TrainSpec) -> int:
 
     from rl_core.config import TrainConfig
     from rl_core.lake import Lake
-    from rl_core.train.data import load_samples, plan_batches, to_tensors
+    from rl_core.train.data import load_samples, plan_batches
     from rl_core.train.export import gather_state_dict, save_hf
     from rl_core.train.loss import LossConfig
-    from rl_core.train.step import compute_loss
 
     tc = TrainConfig.model_validate(spec.train)
     cuda = torch.cuda.is_available()
@@ -220,29 +249,8 @@ def run(spec: TrainSpec) -> int:
     bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0, file=sys.stderr, mininterval=1.0,
                desc=f"train {spec.run_id}", unit="step")
     for step in range(start_step, total_steps):
-        t0, gn0 = time.time(), float("nan")
-        sums: dict[str, float] = {k: 0.0 for k in MEAN_KEYS} | {"tokens": 0.0, "seq_tokens": 0.0}
-        maxes = {"is_weight_max": 0.0}
-        for b in batches[step * tc.grad_accum:(step + 1) * tc.grad_accum]:
-            t = to_tensors(b, device)
-            out = compute_loss(engine, t, lc, ref)
-            engine.backward(out.loss)
-            if tc.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
-                gn0 = _grad_norm(params)  # ZeRO-0 clips without keeping the norm: take it before the step
-            engine.step()
-            n = float(out.metrics["tokens"])
-            for k in MEAN_KEYS:
-                v = out.loss.detach() if k == "loss" else out.metrics.get(k)
-                sums[k] += float(v) * n if v is not None else 0.0
-            sums["tokens"] += n
-            sums["seq_tokens"] += float(t["attention_mask"].sum())
-            maxes["is_weight_max"] = max(maxes["is_weight_max"], float(out.metrics["is_weight_max"]))
-        sums, maxes = _reduce(sums, maxes, device)
-        dt = max(time.time() - t0, 1e-9)
-        rec = {k: sums[k] / max(sums["tokens"], 1.0) for k in MEAN_KEYS} | maxes
-        gn = engine.get_global_grad_norm() if tc.zero_stage else gn0
-        rec |= {"grad_norm": float(gn) if gn is not None else float("nan"), "tokens_per_s": sums["seq_tokens"] / dt,
-                "completion_tokens": sums["tokens"], "step_s": dt, "step": step + 1}
+        micro = batches[step * tc.grad_accum:(step + 1) * tc.grad_accum]
+        rec = _optimizer_step(engine, micro, tc, lc, ref, params, device) | {"step": step + 1}
         history.append(rec)
         log.log(step + 1, {k: v for k, v in rec.items() if k != "step"})
         bar.update(1)
