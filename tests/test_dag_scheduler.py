@@ -8,7 +8,12 @@ tests; it is the only test that exercises the scheduler, backfills and REST Para
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,6 +58,41 @@ def failed_tasks(api, run_ids: list[str]) -> dict[str, str]:
     return out
 
 
+@dataclass
+class Standalone:
+    base: str  # the UI's URL
+    api: Any  # an httpx client on /api/v2, signed in as admin
+    password: str  # admin's (simple auth manager)
+    log: Path
+
+
+@contextmanager
+def standalone(cfg, tmp_path: Path, **env: str) -> Iterator[Standalone]:
+    """`airflow standalone` on a free port with quick retries and a 2-task eval, signed in over REST, once the
+    dag-processor has parsed realtime_rl; its whole process group is stopped on exit."""
+    import httpx
+
+    from rl_core.cycle import start_airflow
+    from rl_core.runtime.procs import free_port, stop
+
+    port = free_port()
+    log = tmp_path / "standalone.log"
+    proc, password = start_airflow(cfg, port, log, AIRFLOW__CORE__UNIT_TEST_MODE="False", RTRL_EVAL__TASK_LIMIT="2",
+                                   RTRL_AIRFLOW__RETRY_DELAY_S="1", **env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        token = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": password}).json()
+        api = httpx.Client(base_url=f"{base}/api/v2", headers={"Authorization": f"Bearer {token['access_token']}"},
+                           timeout=30)
+        deadline = time.time() + 180
+        while api.get("/dags/realtime_rl").status_code != 200:  # the dag-processor has not parsed it yet
+            assert time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(2)
+        yield Standalone(base, api, password, log)
+    finally:
+        stop(proc)
+
+
 def create_backfill(api, body: dict, tries: int = 20):
     """POST /backfills, retried while SQLite is locked. A lock error is retried only when it left no backfill
     behind (Airflow removes a half-made one, best effort): a second backfill would be refused as a duplicate."""
@@ -72,31 +112,16 @@ def create_backfill(api, body: dict, tries: int = 20):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # a real scheduler running three full cycles: 5-11 min here, depending on load
 def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
-    import httpx
-
-    from rl_core.cycle import SCHEDULE_ANCHOR, start_airflow
+    from rl_core.cycle import SCHEDULE_ANCHOR
     from rl_core.lake import Lake
-    from rl_core.runtime.procs import free_port, stop
 
     cfg = registered
     assert (BACKFILL_FROM - SCHEDULE_ANCHOR) % timedelta(hours=5) == timedelta(0)
     # seeds whose few synthetic users span both orgs: else gate_episodes (max_org_share) rightly refuses
     for seed, start in zip((3, 10, 11), [*BACKFILL_STARTS, TRIGGER_WINDOW[0]], strict=True):
         _data(cfg, start, start + timedelta(hours=5), seed=seed)
-    port = free_port()
-    log = tmp_path / "standalone.log"
-    proc, password = start_airflow(cfg, port, log, AIRFLOW__CORE__UNIT_TEST_MODE="False",
-                                   AIRFLOW__API__EXPOSE_STACKTRACE="True", RTRL_EVAL__TASK_LIMIT="2",
-                                   RTRL_AIRFLOW__RETRY_DELAY_S="1")
-    try:
-        base = f"http://127.0.0.1:{port}"
-        token = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": password}).json()
-        api = httpx.Client(base_url=f"{base}/api/v2", headers={"Authorization": f"Bearer {token['access_token']}"},
-                           timeout=30)
-        deadline = time.time() + 180
-        while api.get("/dags/realtime_rl").status_code != 200:  # the dag-processor has not parsed it yet
-            assert time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(2)
+    with standalone(cfg, tmp_path, AIRFLOW__API__EXPOSE_STACKTRACE="True") as af:
+        api, log = af.api, af.log
         # the backfill first, while the DAG is paused: on SQLite, Airflow answers a backfill that meets the
         # scheduler's writes with "database is locked" (503, or 500 when the lock hits outside the route's
         # handler; CI saw both), and a paused DAG gives the scheduler nothing to write. Its runs start on unpause.
@@ -124,8 +149,6 @@ def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
             time.sleep(5)
         intervals = sorted(r["data_interval_start"] for r in runs if r["run_type"] == "backfill")
         assert [datetime.fromisoformat(s.replace("Z", "+00:00")) for s in intervals] == BACKFILL_STARTS
-    finally:
-        stop(proc)
     lake = Lake(cfg.lake_root)
     for run_id in ("cycle-20261201T0900", "cycle-20261201T1400", "cycle-20261201T1900"):
         assert lake.exists(f"runs/{run_id}/episodes.parquet"), run_id

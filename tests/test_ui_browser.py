@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from browser import Browser, chromium
-from test_dag_scheduler import _data, failed_tasks
+from test_dag_scheduler import _data, failed_tasks, standalone
 from test_registry_lifecycle import write_run
 
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium (`make test` installs it)")
@@ -96,32 +96,16 @@ def set_datetime(b: Browser, index: int, when: datetime) -> None:
 @pytest.mark.timeout(1200)  # airflow standalone starts in 1-3 min here, the backfilled cycle takes ~3 min
 @needs_chromium
 def test_backfill_created_in_the_airflow_ui_runs_its_window_to_success(registered, tmp_path, browser):
-    import httpx
-
-    from rl_core.cycle import start_airflow
     from rl_core.registry import store
-    from rl_core.runtime.procs import free_port, stop
 
     cfg = registered
     _data(cfg, *WINDOW, seed=3)  # a seed whose few users span both orgs (gate_episodes' max_org_share)
-    port = free_port()
-    log = tmp_path / "standalone.log"
-    proc, password = start_airflow(cfg, port, log, AIRFLOW__CORE__UNIT_TEST_MODE="False",
-                                   RTRL_EVAL__TASK_LIMIT="2", RTRL_AIRFLOW__RETRY_DELAY_S="1")
-    try:
-        base = f"http://127.0.0.1:{port}"
-        token = httpx.post(f"{base}/auth/token", json={"username": "admin", "password": password}).json()
-        api = httpx.Client(base_url=f"{base}/api/v2", headers={"Authorization": f"Bearer {token['access_token']}"},
-                           timeout=30)
-        deadline = time.time() + 180
-        while api.get("/dags/realtime_rl").status_code != 200:  # the dag-processor has not parsed it yet
-            assert time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(2)
-
+    with standalone(cfg, tmp_path) as af:
+        base, api, log = af.base, af.api, af.log
         # as a person does: sign in, open the DAG, Trigger -> Backfill, pick the window, run it
         browser.goto(base)
         browser.fill("input[name=username]", "admin")
-        browser.fill("input[name=password]", password)
+        browser.fill("input[name=password]", af.password)
         browser.click("Sign in", "button")
         browser.wait_text("Dags")
         browser.goto(f"{base}/dags/realtime_rl")
@@ -145,7 +129,5 @@ def test_backfill_created_in_the_airflow_ui_runs_its_window_to_success(registere
         browser.goto(f"{base}/dags/realtime_rl/runs")
         browser.wait_text(BACKFILL_RUN, "Backfill", "Success")
         shot(browser, tmp_path, "airflow-backfill-runs")
-    finally:
-        stop(proc)
     v2 = store.version_for_alias(cfg, "challenger")
     assert v2 == 2 and store.get_version(cfg, 2).tags["airflow.run_id"] == BACKFILL_RUN
