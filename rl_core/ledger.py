@@ -29,15 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rl_core.config import Config
-from rl_core.harvest import bind_files, connect, episodes_path, load_sql
+from rl_core.duck import bind_files, connect, load_sql
+from rl_core.harvest import episodes_path
 from rl_core.lake import Lake
-
-LEDGER_SCHEMA = pa.schema([
-    ("event_id", pa.string()),
-    ("run_id", pa.string()),
-    ("version", pa.int64()),  # the version the run registered
-    ("parent_version", pa.int64()),  # the version it was trained from
-])
+from rl_core.schema import LEDGER_SCHEMA
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,62 @@ FEEDBACK_SCHEMA = pa.schema(
     ]
 )
 
+# The contract of episodes.parquet (the trainer, rewards and gates read it).
+EPISODES_SCHEMA = pa.schema(
+    [
+        ("event_id", pa.string()),
+        ("org_id", pa.string()),
+        ("user_id", pa.string()),
+        ("session_id", pa.string()),
+        ("turn_index", pa.int32()),
+        ("ts_request", TS),
+        ("model_version", pa.int64()),
+        ("arm", pa.string()),
+        ("version_lag", pa.int32()),
+        ("messages", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("completion_logprobs", pa.list_(pa.float32())),
+        ("completion_text", pa.string()),
+        ("tool_calls", pa.string()),
+        ("finish_reason", pa.string()),
+        ("latency_ms", pa.float64()),
+        ("temperature", pa.float32()),  # the sampling parameters the behaviour logprobs are under
+        ("top_p", pa.float32()),
+        ("n_feedback", pa.int32()),
+        ("edit_applied", pa.bool_()),
+        ("edit_persisted", pa.bool_()),
+        ("edit_persisted_hours", pa.float64()),
+        ("edit_reverted", pa.bool_()),
+        ("followup_text", pa.string()),
+        ("tool_result_ok", pa.int32()),
+        ("tool_result_fail", pa.int32()),
+        ("thumbs_up", pa.int32()),
+        ("thumbs_down", pa.int32()),
+        ("session_end", pa.bool_()),
+        ("credit_weight", pa.float64()),
+    ]
+)
+
+# The contract of rewards.parquet: one row per episode, in episodes.parquet's order (rl_core/rewards).
+SIGNALS = ("edit_persisted", "edit_reverted", "dissatisfied_followup", "latency", "tool_call_validity",
+           "clarification", "thumbs")
+
+REWARDS_SCHEMA = pa.schema(
+    [("event_id", pa.string())] + [(s, pa.float64()) for s in SIGNALS]
+    + [("broken_tool_call", pa.bool_()), ("is_clarifying", pa.bool_()), ("reward", pa.float64()),
+       ("reward_config_hash", pa.string())]
+)
+
+# The ledger of consumed episodes (rl_core/ledger.py): which run trained on which episode, per lineage.
+LEDGER_SCHEMA = pa.schema([
+    ("event_id", pa.string()),
+    ("run_id", pa.string()),
+    ("version", pa.int64()),  # the version the run registered
+    ("parent_version", pa.int64()),  # the version it was trained from
+])
+
+
 SCHEMAS = {"interactions": INTERACTIONS_SCHEMA, "feedback": FEEDBACK_SCHEMA}
 TS_COLUMN = {"interactions": "ts_request", "feedback": "ts"}  # the column that picks the partition
 

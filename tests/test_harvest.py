@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_core.cli import main
-from rl_core.harvest import EPISODES_SCHEMA, harvest
+from rl_core.harvest import harvest
 from rl_core.lake import Lake
-from rl_core.schema import to_table
+from rl_core.schema import EPISODES_SCHEMA, to_table
 from rl_core.testing.synth import feedback_row, generate, interaction_row, window
 
 START, END = window()

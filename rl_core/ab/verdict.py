@@ -23,13 +23,12 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel
 
+from rl_core import duck
 from rl_core.ab import stats
-from rl_core.config import REPO_ROOT
 from rl_core.lake import Lake
 from rl_core.rewards import followup
 from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, now_utc
 
-SQL_DIR = REPO_ROOT / "sql" / "ab"
 # A follow-up message counts as dissatisfied by the same lexicon the rewards use (rl_core/rewards/followup.py):
 # a strong cue, or a weak cue without a positive one; DuckDB and Arrow both use RE2.
 DISSATISFIED_PARAMS = {"dis_strong": followup.STRONG, "dis_weak": followup.WEAK, "dis_positive": followup.POSITIVE}
@@ -78,7 +77,7 @@ class ABResult(BaseModel):
 
 
 def sql(name: str) -> str:
-    return (SQL_DIR / f"{name}.sql").read_text()
+    return duck.load_sql(f"ab/{name}.sql")
 
 
 def _utc(ts: datetime, field: str) -> datetime:
@@ -96,22 +95,12 @@ def check_config(cfg) -> None:
             raise ValueError(f"[ab] guardrails: {g!r} is not one of {sorted(METRICS)}")
 
 
-def _view(con: duckdb.DuckDBPyConnection, lake: Lake, name: str, files: list[str], schema: pa.Schema) -> None:
-    if not files:
-        con.register(name, schema.empty_table())
-        return
-    if not lake.is_local:
-        con.register_filesystem(lake.fs)
-        files = [lake.fs.unstrip_protocol(f) for f in files]
-    con.read_parquet(files, union_by_name=True).create_view(name)
-
-
 def connect(lake: Lake, start: datetime, until: datetime, grace_hours: float) -> duckdb.DuckDBPyConnection:
     """DuckDB with views `interactions` [start, until) and `feedback` [start, until + grace) over the lake."""
-    con = duckdb.connect()
-    _view(con, lake, "interactions", lake.list_window("interactions", start, until), INTERACTIONS_SCHEMA)
+    con = duck.connect(lake)
+    duck.bind_files(con, lake, "interactions", lake.list_window("interactions", start, until), INTERACTIONS_SCHEMA)
     fb_end = until + timedelta(hours=grace_hours)
-    _view(con, lake, "feedback", lake.list_window("feedback", start, fb_end), FEEDBACK_SCHEMA)
+    duck.bind_files(con, lake, "feedback", lake.list_window("feedback", start, fb_end), FEEDBACK_SCHEMA)
     return con
 
 

@@ -15,12 +15,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rl_core.config import Config
-from rl_core.harvest import EPISODES_SCHEMA, bind_files, connect, episodes_path, load_sql, read_manifest, utc
+from rl_core.duck import bind_files, connect, load_sql
+from rl_core.harvest import episodes_path, read_manifest, utc
 from rl_core.lake import Lake
 from rl_core.quality.gx import Check, Outcome, validate
 from rl_core.reports import GateFailed, Verdict, write_verdict
-from rl_core.rewards.score import REWARDS_SCHEMA, SIGNALS, rewards_path
-from rl_core.schema import ARMS, FEEDBACK_KINDS, FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA
+from rl_core.rewards.score import rewards_path
+from rl_core.schema import (
+    ARMS,
+    EPISODES_SCHEMA,
+    FEEDBACK_KINDS,
+    FEEDBACK_SCHEMA,
+    INTERACTIONS_SCHEMA,
+    REWARDS_SCHEMA,
+    SIGNALS,
+)
 
 
 def schema_problems(lake: Lake, paths: list[str], contract: pa.Schema) -> list[str]:

@@ -27,7 +27,8 @@ import math
 from datetime import datetime
 
 from rl_core.config import Config
-from rl_core.harvest import connect, episodes_path, harvest, load_sql, read_manifest
+from rl_core.duck import connect, load_sql
+from rl_core.harvest import episodes_path, harvest, read_manifest
 from rl_core.lake import Lake
 from rl_core.reports import Verdict, write_verdict
 from rl_core.rewards.score import rewards_path, score_run

@@ -15,18 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rl_core.config import Config
-from rl_core.harvest import connect, episodes_path, load_sql, write_table
+from rl_core.duck import connect, load_sql, write_table
+from rl_core.harvest import episodes_path
 from rl_core.lake import Lake
 from rl_core.rewards.scorers import score_batch
-
-SIGNALS = ("edit_persisted", "edit_reverted", "dissatisfied_followup", "latency", "tool_call_validity",
-           "clarification", "thumbs")
-
-REWARDS_SCHEMA = pa.schema(
-    [("event_id", pa.string())] + [(s, pa.float64()) for s in SIGNALS]
-    + [("broken_tool_call", pa.bool_()), ("is_clarifying", pa.bool_()), ("reward", pa.float64()),
-       ("reward_config_hash", pa.string())]
-)
+from rl_core.schema import REWARDS_SCHEMA, SIGNALS
 
 BATCH_ROWS = 65_536
 

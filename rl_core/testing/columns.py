@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pyarrow as pa
 
-from rl_core.harvest import write_table
+from rl_core.duck import write_table
 from rl_core.lake import Lake
 from rl_core.schema import TS
 
