@@ -75,18 +75,21 @@ def _stage(stages: list[StageOutcome], name: str, fn, *args) -> Any:
 
 
 def check_window(cfg, run_id: str, start: datetime, end: datetime, policy_version: int, parent: int) -> list[StageOutcome]:
-    """harvest -> gate_raw -> gate_episodes -> rewards -> gate_rewards -> monitors on one window."""
+    """harvest -> gate_raw -> gate_episodes -> rewards -> gate_rewards -> monitors on one window: the cycle's
+    gates by their one definition (rl_core.pipeline), each recorded rather than raised so all report. The
+    monitors read this run's own harvest, which holds every planted version (policy_version is the newest)."""
     from rl_core.harvest import harvest
-    from rl_core.quality.gates import gate_episodes, gate_raw, gate_rewards
+    from rl_core.pipeline import judge
     from rl_core.rewards import score_run
     from rl_core.rewards.monitors import run_monitors
 
+    values = {"run_id": run_id, "start": start, "end": end, "parent_version": parent}
     stages: list[StageOutcome] = []
     _stage(stages, "harvest", harvest, cfg, start, end, policy_version, run_id)
-    _stage(stages, "gate_raw", gate_raw, cfg, start, end, run_id)
-    _stage(stages, "gate_episodes", gate_episodes, cfg, run_id)
+    for name in ("gate_raw", "gate_episodes"):
+        _stage(stages, name, judge, cfg, name, values)
     _stage(stages, "rewards", score_run, cfg, run_id)
-    _stage(stages, "gate_rewards", gate_rewards, cfg, run_id)
+    _stage(stages, "gate_rewards", judge, cfg, "gate_rewards", values)
     _stage(stages, "monitors", run_monitors, cfg, run_id, parent)
     return stages
 
