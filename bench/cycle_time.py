@@ -74,7 +74,7 @@ def serving_generation_s(lake, start, end) -> float:
 
 
 def eval_generation_s(cfg, lake, run_id: str) -> float:
-    p = f"{lake.run_dir(run_id)}/eval/results.parquet"
+    p = f"{lake.run(run_id).eval}/results.parquet"
     if not lake.exists(p):
         return 0.0
     t = lake.read_parquet(p)
@@ -85,7 +85,7 @@ def eval_generation_s(cfg, lake, run_id: str) -> float:
 
 
 def training_compute_s(cfg, lake, run_id: str) -> float:
-    p = f"{lake.run_dir(run_id)}/train/summary.json"
+    p = lake.run(run_id).train_summary
     if not lake.exists(p):
         return 0.0
     s = lake.read_json(p)
@@ -125,7 +125,7 @@ def main() -> int:
         if not 1 <= k <= len(curves):
             sys.exit(f"--cycle must be in 1..{len(curves)}, got {k}")
         last, back = curves[k - 1], len(curves) - k  # one DAG run per cycle, in order
-        h = lake.read_json(f"{lake.run_dir(last['run_id'])}/harvest.json")
+        h = lake.read_json(lake.run(last["run_id"]).manifest)
         report = SimpleNamespace(run_id=last["run_id"], start=h["start"], end=h["end"], seconds=last["seconds"],
                                  dag_rc=last["dag_rc"], interactions=last["interactions"])
     else:

@@ -46,7 +46,7 @@ def rtrl_path(cfg, start, end, run_id: str) -> tuple[float, float, pd.Series]:
     t1 = time.perf_counter()
     score_run(cfg, run_id)
     t2 = time.perf_counter()
-    rw = Lake(cfg.lake_root).read_parquet(f"runs/{run_id}/rewards.parquet").select(["event_id", "reward"]).to_pandas()
+    rw = Lake(cfg.lake_root).read_parquet(Lake.run(run_id).rewards).select(["event_id", "reward"]).to_pandas()
     return t1 - t0, t2 - t1, rw.set_index("event_id")["reward"]
 
 

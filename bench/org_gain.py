@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for org, n, s, ev in rows:
         lo, hi = ev.org_gain - 1.96 * ev.org_gain_se, ev.org_gain + 1.96 * ev.org_gain_se
-        d = Lake(cfg.lake_root).read_json(f"runs/{ev.run_id}/verdicts/eval_org.json")["details"]
+        d = Lake(cfg.lake_root).read_json(Lake.run(ev.run_id).verdict("eval_org"))["details"]
         print(f"| {org} | {n} | {s.steps} | {s.kl_max if s.kl_max is not None else float('nan'):.4f} | {ev.org_n} "
               f"| {d['baseline_pass_rate']:.3f} -> {d['candidate_pass_rate']:.3f} | {ev.org_gain:+.3f} "
               f"({ev.org_gain_se:.3f}) | [{lo:+.3f}, {hi:+.3f}] | {ev.shared_diff:+.3f} ({ev.shared_se:.3f}) "

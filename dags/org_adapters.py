@@ -86,7 +86,7 @@ def report(w: dict, orgs: list[str]) -> dict:
     lake = Lake(cfg.lake_root)
     out = {}
     for org in orgs:
-        path = f"runs/{org_run_id(w['run_id'], org)}/adapter.json"
+        path = lake.run(org_run_id(w["run_id"], org)).adapter
         adapter = lake.read_json(path) if lake.exists(path) else None
         live = live_adapter(cfg, org)
         out[org] = {"registered": adapter["adapter_version"] if adapter else None,

@@ -110,7 +110,7 @@ def _cursorbench(cfg, args, workers: int) -> int:
     else:
         results = run_suite(tasks, policy, Budget.from_config(cfg.eval), workers, not args.no_progress)
         lake = lake_from_config(cfg)
-        lake.write_parquet(f"{lake.run_dir(run_id)}/eval/results.parquet", results_table(results, label))
+        lake.write_parquet(f"{lake.run(run_id).eval}/results.parquet", results_table(results, label))
         columns = {label: aggregate(results)}
         text = f"# eval {run_id}: {policy.name} on {len(tasks)} tasks\n\n" + report.metrics_table(columns) + "\n"
         print(text)

@@ -119,7 +119,7 @@ def compare_policies(cfg, run_id: str, candidate: Policy | cache.Cached, baselin
 
     cand, base = suite(candidate, candidate_key), suite(baseline, baseline_key)
     result = compare(run_id, cand, base, ec.tolerance, ec.z)
-    folder = f"{lake.run_dir(run_id)}/eval"
+    folder = lake.run(run_id).eval
     table = pa.concat_tables([results_table(cand, "candidate", cached=isinstance(candidate, cache.Cached)),
                               results_table(base, "baseline", cached=isinstance(baseline, cache.Cached))])
     lake.write_parquet(f"{folder}/results.parquet", table)

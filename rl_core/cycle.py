@@ -165,16 +165,16 @@ def summarize(cfg, w: Window, dag_rc: int) -> CycleReport:
 
     lake = Lake(cfg.lake_root)
     r = CycleReport(run_id=w.run_id, start=w.start.isoformat(), end=w.end.isoformat(), dag_rc=dag_rc)
-    run = lake.run_dir(w.run_id)
-    if lake.exists(f"{run}/episodes.parquet"):
-        r.episodes = lake.read_parquet(f"{run}/episodes.parquet").num_rows
-    if lake.exists(f"{run}/rewards.parquet"):
-        rewards = lake.read_parquet(f"{run}/rewards.parquet")
+    run = lake.run(w.run_id)
+    if lake.exists(run.episodes):
+        r.episodes = lake.read_parquet(run.episodes).num_rows
+    if lake.exists(run.rewards):
+        rewards = lake.read_parquet(run.rewards)
         r.mean_reward = float(pc.mean(rewards["reward"]).as_py()) if rewards.num_rows else None
     verdicts = read_verdicts(lake, w.run_id)
     r.verdicts = {k: v.passed for k, v in verdicts.items()}
-    if lake.exists(f"{run}/eval/comparison.json"):
-        cmp = lake.read_json(f"{run}/eval/comparison.json")
+    if lake.exists(f"{run.eval}/comparison.json"):
+        cmp = lake.read_json(f"{run.eval}/comparison.json")
         r.eval = {"verdict": cmp.get("verdict"),
                   **{f"delta_{m['metric']}": round(m["mean_diff"], 4) for m in cmp.get("metrics", [])}}
     try:

@@ -80,7 +80,7 @@ def utc(ts: datetime, field: str) -> datetime:
 
 
 def episodes_path(lake: Lake, run_id: str) -> str:
-    return f"{lake.run_dir(run_id)}/episodes.parquet"
+    return lake.run(run_id).episodes
 
 
 EXCLUDED_SCHEMA = pa.schema([("org_id", pa.string()), ("user_id", pa.string())])
@@ -162,7 +162,7 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
         raise ValueError(f"policy_version must be an integer >= 1, got {policy_version!r}")
     hc = cfg.harvest
     lake = Lake(cfg.lake_root)
-    run_dir = lake.run_dir(run_id)  # validates run_id before anything is read or written
+    run = lake.run(run_id)  # validates run_id before anything is read or written
     grace_end = end + timedelta(hours=hc.grace_hours)
     ifiles = lake.list_window("interactions", start, end)
     ffiles = lake.list_window("feedback", start, grace_end)
@@ -196,12 +196,12 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
                                   "grace_hours": hc.grace_hours, "session_discount": hc.session_discount,
                                   "opt_out_orgs": sorted(hc.opt_out_orgs),
                                   "excluded_rules": excluded.num_rows}  # counts only: no forgotten user ids here
-    lake.write_json(f"{run_dir}/harvest.json", manifest)
+    lake.write_json(run.manifest, manifest)
     return result
 
 
 def read_manifest(lake: Lake, run_id: str) -> dict | None:
-    path = f"{lake.run_dir(run_id)}/harvest.json"
+    path = lake.run(run_id).manifest
     return lake.read_json(path) if lake.exists(path) else None
 
 

@@ -23,6 +23,44 @@ import pyarrow.parquet as pq
 RAW_TABLES = ("interactions", "feedback")
 
 
+@dataclass(frozen=True)
+class RunDir:
+    """One run's folder in the lake, runs/<run_id>/: every stage's files by name, spelled here once.
+
+    episodes.parquet (harvest), harvest.json (its manifest), rewards.parquet (rewards), quality/ (the GX
+    reports), monitors.json, train/summary.json (the trainer), eval/ (the paired eval), eval_org/ (an org's
+    tasks), verdicts/<name>.json (every check), adapter.json (an org adapter's registration)."""
+
+    run_id: str
+
+    def __post_init__(self) -> None:
+        if not self.run_id or "/" in self.run_id or self.run_id.startswith("."):
+            raise ValueError(f"run_id {self.run_id!r} must be a plain name")
+
+    @property
+    def root(self) -> str:
+        return f"runs/{self.run_id}"
+
+    def file(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    episodes = property(lambda self: self.file("episodes.parquet"))
+    rewards = property(lambda self: self.file("rewards.parquet"))
+    manifest = property(lambda self: self.file("harvest.json"))
+    monitors = property(lambda self: self.file("monitors.json"))
+    train_summary = property(lambda self: self.file("train/summary.json"))
+    eval = property(lambda self: self.file("eval"))
+    eval_org = property(lambda self: self.file("eval_org"))
+    verdicts = property(lambda self: self.file("verdicts"))
+    adapter = property(lambda self: self.file("adapter.json"))
+
+    def verdict(self, name: str) -> str:
+        return f"{self.verdicts}/{name}.json"
+
+    def quality(self, name: str) -> str:
+        return self.file(f"quality/{name}.json")
+
+
 def _hour_floor(ts: datetime) -> datetime:
     ts = ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
     return ts.replace(minute=0, second=0, microsecond=0)
@@ -52,10 +90,10 @@ class Lake:
         ts = _hour_floor(ts)
         return f"raw/{table}/date={ts:%Y-%m-%d}/hour={ts:%H}"
 
-    def run_dir(self, run_id: str) -> str:
-        if not run_id or "/" in run_id or run_id.startswith("."):
-            raise ValueError(f"run_id {run_id!r} must be a plain name")
-        return f"runs/{run_id}"
+    @staticmethod
+    def run(run_id: str) -> RunDir:
+        """The run's folder layout (the run id validated: a plain name)."""
+        return RunDir(run_id)
 
     # --- writes -----------------------------------------------------------------------------------
     def write_bytes(self, relpath: str, data: bytes) -> str:

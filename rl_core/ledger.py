@@ -105,7 +105,7 @@ def consume(cfg: Config, run_id: str, version: int, parent_version: int) -> str 
     """Record run_id's episodes as consumed by `version` in its parent's lineage (idempotent: a run's file is
     written once). Returns the file's lake path (None for a run without episodes.parquet)."""
     lake = Lake(cfg.lake_root)
-    lake.run_dir(run_id)  # a plain name: it becomes a file name
+    lake.run(run_id)  # a plain name: it becomes a file name
     lineage = lineage_of(cfg, parent_version)
     relpath = f"{lineage.relpath}/{run_id}.parquet"
     if lake.exists(relpath):

@@ -35,7 +35,7 @@ class GateFailed(RuntimeError):
 
 
 def verdict_path(lake: Lake, run_id: str, name: str) -> str:
-    return f"{lake.run_dir(run_id)}/verdicts/{name}.json"
+    return lake.run(run_id).verdict(name)
 
 
 def write_verdict(lake: Lake, run_id: str, verdict: Verdict) -> str:
@@ -50,7 +50,7 @@ def read_verdict(lake: Lake, run_id: str, name: str) -> Verdict | None:
 
 
 def read_verdicts(lake: Lake, run_id: str) -> dict[str, Verdict]:
-    folder = f"{lake.run_dir(run_id)}/verdicts"
+    folder = lake.run(run_id).verdicts
     out: dict[str, Verdict] = {}
     if not lake.exists(folder):
         return out

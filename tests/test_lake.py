@@ -43,13 +43,13 @@ def test_write_list_and_read_window(lake):
 
 
 def test_json_and_run_files(lake):
-    lake.write_json(f"{lake.run_dir('r1')}/report.json", {"a": 1})
+    lake.write_json(lake.run("r1").file("report.json"), {"a": 1})
     assert lake.read_json("runs/r1/report.json") == {"a": 1}
     lake.write_parquet("runs/r1/episodes.parquet", pa.table({"e": ["x"]}))
     assert lake.read_parquet("runs/r1/episodes.parquet").num_rows == 1
     for bad in ("", "../x", "a/b", ".hidden"):
         with pytest.raises(ValueError):
-            lake.run_dir(bad)
+            lake.run(bad)
 
 
 def test_hidden_and_temp_files_are_never_listed(lake):

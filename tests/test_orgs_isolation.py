@@ -64,7 +64,7 @@ def run_texts(cfg, orun: str) -> list[str]:
     """The text of every file of a run: its lake folder (Parquet as rows) and its model folder (text files)."""
     lake = Lake(cfg.lake_root)
     out = []
-    for p in sorted(lake.fs.find(lake.path(lake.run_dir(orun)))):
+    for p in sorted(lake.fs.find(lake.path(lake.run(orun).root))):
         out.append(str(pq.read_table(p).to_pylist()) if p.endswith(".parquet") else Path(p).read_text())
     for p in sorted((cfg.models_dir / "runs" / orun).rglob("*")):
         if p.is_file() and p.suffix in (".json", ".log", ".md", ".txt", "") and p.stat().st_size < 5_000_000:

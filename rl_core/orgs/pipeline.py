@@ -58,7 +58,7 @@ def eligible_orgs(cfg: Config, run_id: str, min_episodes: int | None = None) -> 
     gates.min_episodes). The harvest already left out opted-out and forgotten rows."""
     lake = Lake(cfg.lake_root)
     need = cfg.gates.min_episodes if min_episodes is None else min_episodes
-    orgs = lake.read_parquet(f"{lake.run_dir(run_id)}/episodes.parquet").select(["org_id"])
+    orgs = lake.read_parquet(lake.run(run_id).episodes).select(["org_id"])
     counts = orgs.group_by("org_id").aggregate([("org_id", "count")]).to_pylist()
     return {r["org_id"]: r["org_id_count"] for r in sorted(counts, key=lambda r: r["org_id"])
             if r["org_id"] is not None and r["org_id_count"] >= need and r["org_id"] not in cfg.harvest.opt_out_orgs
@@ -131,7 +131,7 @@ def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candi
     base = run_suite(tasks, baseline, budget, cfg.eval.workers)
     result = compare(orun, cand, base, cfg.eval.tolerance, cfg.eval.z)
     lake = Lake(cfg.lake_root)
-    folder = f"{lake.run_dir(orun)}/eval_org"
+    folder = lake.run(orun).eval_org
     lake.write_parquet(f"{folder}/results.parquet",
                        pa.concat_tables([results_table(cand, "candidate"), results_table(base, "baseline")]))
     lake.write_json(f"{folder}/comparison.json", asdict(result))

@@ -62,8 +62,8 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
     orun = org_run_id(run_id, org_id)
     acfg = adapter_config(cfg, org_id)
     lake = Lake(cfg.lake_root)
-    summary = lake.read_json(f"{lake.run_dir(orun)}/train/summary.json") if lake.exists(
-        f"{lake.run_dir(orun)}/train/summary.json") else {}
+    run = lake.run(orun)
+    summary = lake.read_json(run.train_summary) if lake.exists(run.train_summary) else {}
     adapter = Path(summary.get("adapter") or cfg.models_dir / "runs" / orun / "adapter")
     if not (adapter / "adapter_config.json").is_file():
         raise register.RegisterError(f"{adapter}: no adapter_config.json (did train_org run for {org_id}?)")
@@ -74,7 +74,7 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
                               int(mv.tags["parent_version"]))
     info = register.lineage(cfg, orun)
     av = register_adapter_folder(cfg, org_id, adapter, info["tags"], info["metrics"])
-    lake.write_json(f"{lake.run_dir(orun)}/adapter.json",
+    lake.write_json(run.adapter,
                     {"org_id": org_id, "model_name": av.model_name, "version": av.version,
                      "adapter_version": av.adapter_version, "base_version": av.base_version})
     return av

@@ -64,7 +64,7 @@ def _logprob_checks() -> list[Check]:
 def _finish(lake: Lake, run_id: str, name: str, outcomes: list[Outcome], problems: list[str],
             details: dict) -> Verdict:
     reasons = problems + [f for o in outcomes for f in o.failures]
-    lake.write_json(f"{lake.run_dir(run_id)}/quality/{name}.json",
+    lake.write_json(lake.run(run_id).quality(name),
                     {"gate": name, "success": not reasons, "schema_problems": problems,
                      "validations": [o.result for o in outcomes]})
     verdict = Verdict(name=name, passed=not reasons, reasons=reasons, details=details)
@@ -89,7 +89,7 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
     if end <= start:
         raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
     lake = Lake(cfg.lake_root)
-    lake.run_dir(run_id)
+    lake.run(run_id)  # a plain name
     grace_end = end + timedelta(hours=cfg.harvest.grace_hours)
     known = sorted(known) if known is not None else known_versions(cfg)
     ifiles = lake.list_window("interactions", start, end)

@@ -41,7 +41,7 @@ def _finite(d: dict[str, Any]) -> dict[str, float]:
 
 def reward_metrics(lake: Lake, run_id: str) -> dict[str, float]:
     """reward/*: the run's scored episodes (rewards.parquet); empty when the run has none."""
-    path = f"{lake.run_dir(run_id)}/rewards.parquet"
+    path = lake.run(run_id).rewards
     if not lake.exists(path):
         return {}
     t = lake.read_parquet(path)
@@ -82,7 +82,7 @@ def _charts(lake: Lake, run_id: str, metrics: dict[str, float], out: Path) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = f"{lake.run_dir(run_id)}/rewards.parquet"
+    path = lake.run(run_id).rewards
     if lake.exists(path):
         rewards = lake.read_parquet(path)["reward"].to_pylist()
         fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -122,7 +122,7 @@ def log_cycle(cfg: Config, run_id: str, version: int) -> None:
         for name, v in verdicts.items():
             (root / "verdicts" / f"{name}.json").write_text(v.model_dump_json(indent=2))
         for name in ("report.md", "comparison.json", "results.parquet"):
-            rel = f"{lake.run_dir(run_id)}/eval/{name}"
+            rel = f"{lake.run(run_id).eval}/{name}"
             if lake.exists(rel):
                 with lake.fs.open(lake.path(rel), "rb") as f:
                     (root / "eval" / name).write_bytes(f.read())

@@ -76,14 +76,14 @@ def _reward_hash(lake: Lake, relpath: str) -> str | None:
 def lineage(cfg, run_id: str) -> dict[str, Any]:
     """Everything register_run records, read from the run's files (raises RegisterError when unusable)."""
     lake = Lake(cfg.lake_root)
-    run_dir = lake.run_dir(run_id)
-    summary_path = f"{run_dir}/train/summary.json"
+    run = lake.run(run_id)
+    summary_path = run.train_summary
     if not lake.exists(summary_path):
         raise RegisterError(f"{lake.path(summary_path)}: no trainer summary (did `train` run for {run_id}?)")
     summary = lake.read_json(summary_path)
     if not isinstance(summary, dict):
         raise RegisterError(f"{summary_path}: expected a JSON object")
-    harvest = lake.read_json(f"{run_dir}/harvest.json") if lake.exists(f"{run_dir}/harvest.json") else {}
+    harvest = lake.read_json(run.manifest) if lake.exists(run.manifest) else {}
 
     ckpt = _first(summary, CHECKPOINT_KEYS) or str(cfg.models_dir / "runs" / run_id / "checkpoint")
     if not Path(ckpt).is_dir():
@@ -97,10 +97,10 @@ def lineage(cfg, run_id: str) -> dict[str, Any]:
     window = summary.get("data_window") or ""
     if not window and harvest.get("start") and harvest.get("end"):
         window = f"{harvest['start']}/{harvest['end']}"
-    episodes = _count_rows(lake, f"{run_dir}/episodes.parquet")
+    episodes = _count_rows(lake, run.episodes)
     if episodes is None:
         episodes = harvest.get("n_episodes", summary.get("episodes"))
-    reward_hash = _reward_hash(lake, f"{run_dir}/rewards.parquet") or summary.get("reward_config_hash") or ""
+    reward_hash = _reward_hash(lake, run.rewards) or summary.get("reward_config_hash") or ""
 
     verdicts = read_verdicts(lake, run_id)
     metrics = summary_metrics(summary) | card.reward_metrics(lake, run_id)

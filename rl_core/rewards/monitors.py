@@ -88,7 +88,7 @@ def _earlier_reference(lake: Lake, run_id: str, version: int, min_n: int) -> tup
         other = path.rstrip("/").split("/")[-2]
         if other == run_id:
             continue
-        report = lake.read_json(f"runs/{other}/monitors.json")
+        report = lake.read_json(lake.run(other).monitors)
         rates = report.get("rates", {}).get(str(version))
         if rates and rates.get("n", 0) >= min_n and (best is None or report.get("window_end", "") > best[0]):
             best = (report.get("window_end", ""), rates, other)
@@ -153,7 +153,7 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
               "reference": reference, "reference_source": source, "compared": compared, "tripped": tripped,
               "skipped": {str(k): v for k, v in skipped.items()},
               "bounds": bounds | {"mean_reward_drop": rc.monitor_reward_drop, "mean_reward_z": rc.monitor_reward_z}}
-    lake.write_json(f"{lake.run_dir(run_id)}/monitors.json", report)
+    lake.write_json(lake.run(run_id).monitors, report)
     verdict = Verdict(name="monitors", passed=not reasons, reasons=reasons, details=report)
     write_verdict(lake, run_id, verdict)
     return verdict

@@ -36,7 +36,7 @@ class RewardsResult:
 
 
 def rewards_path(lake: Lake, run_id: str) -> str:
-    return f"{lake.run_dir(run_id)}/rewards.parquet"
+    return lake.run(run_id).rewards
 
 
 def check_weights(weights: dict[str, float]) -> None:

@@ -67,7 +67,7 @@ class Paired:
 
 
 def _read(lake: Lake, run_id: str, name: str):
-    p = f"{lake.run_dir(run_id)}/{name}"
+    p = lake.run(run_id).file(name)
     return lake.read_parquet(p) if lake.exists(p) else None
 
 
@@ -116,7 +116,7 @@ def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
     ev = read_verdict(lake, report.run_id, "eval")
     if ev is not None:
         m.eval_pass_rate = _num(ev.details.get("candidate_pass_rate"))
-    summary = f"{lake.run_dir(report.run_id)}/train/summary.json"
+    summary = lake.run(report.run_id).train_summary
     if lake.exists(summary):
         m.kl = _num(lake.read_json(summary).get("kl"))
     return m

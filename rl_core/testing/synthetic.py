@@ -109,9 +109,9 @@ def make_run(lake: Lake, run_id: str, ckpt_dir: str | Path, n_prompts: int = 8, 
     rw["thumbs"] = [0.5 * r for r in rewards]
     rw |= {"broken_tool_call": [False] * n, "is_clarifying": [False] * n, "reward": rewards,
            "reward_config_hash": ["synthetic"] * n}
-    run = lake.run_dir(run_id)
-    lake.write_parquet(f"{run}/episodes.parquet", ep_table)
-    lake.write_parquet(f"{run}/rewards.parquet", pa.table(rw))
+    run = lake.run(run_id)
+    lake.write_parquet(run.episodes, ep_table)
+    lake.write_parquet(run.rewards, pa.table(rw))
     return SyntheticRun(run_id=run_id, target_token=target, prompts=prompts, episodes=n, avoided=avoided)
 
 

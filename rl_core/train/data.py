@@ -92,8 +92,8 @@ def _require(table: pa.Table, columns: tuple[str, ...], what: str) -> None:
 
 def load_samples(lake: Lake, run_id: str, tc) -> tuple[list[Sample], DataStats]:
     """Read and join a run's episodes and rewards; truncate; compute advantages. `tc` is a TrainConfig."""
-    run = lake.run_dir(run_id)
-    ep_path, rw_path = f"{run}/episodes.parquet", f"{run}/rewards.parquet"
+    run = lake.run(run_id)
+    ep_path, rw_path = run.episodes, run.rewards
     for p in (ep_path, rw_path):
         if not lake.exists(p):
             raise DataError(f"{p}: not found in the lake ({lake.root})")

@@ -138,7 +138,7 @@ def _inputs_hash(cfg: Config, lake: Lake, run_id: str, base_version: int, base_d
     h = hashlib.sha256(cfg.train.model_dump_json().encode())
     h.update(f"{base_version}|{base_dir}".encode())
     for name in ("episodes.parquet", "rewards.parquet"):
-        with lake.fs.open(lake.path(lake.run_dir(run_id), name), "rb") as f:
+        with lake.fs.open(lake.path(lake.run(run_id).file(name)), "rb") as f:
             h.update(hashlib.sha256(f.read()).digest())
     return h.hexdigest()[:16]
 
@@ -220,12 +220,11 @@ def train(cfg: Config, run_id: str, base_version: int) -> TrainSummary:
     from rl_core.train.data import load_samples
 
     lake = lake_from_config(cfg)
-    run_dir = lake.run_dir(run_id)
     load_samples(lake, run_id, cfg.train)  # bad input fails here, before anything is written (DataError)
     base_dir = store.checkpoint_path(cfg, base_version)
     work = cfg.models_dir / "runs" / run_id
     work.mkdir(parents=True, exist_ok=True)
-    out_dir, summary_path = work / "checkpoint", f"{run_dir}/train/summary.json"
+    out_dir, summary_path = work / "checkpoint", lake.run(run_id).train_summary
     inputs_hash = _inputs_hash(cfg, lake, run_id, base_version, base_dir)
     if lake.exists(summary_path):
         prev = TrainSummary.model_validate(lake.read_json(summary_path))
