@@ -26,7 +26,7 @@ except ImportError:  # plugins folder not on sys.path
     from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
-from rl_core.window import SCHEDULE_ANCHOR
+from rl_core.window import SCHEDULE_ANCHOR, Window
 
 AF = load_config().airflow
 
@@ -48,15 +48,14 @@ def window() -> dict:
 @task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
       doc_md="The window's episodes (opt-out and forget applied) and the orgs with enough of them.")
 def org_targets(w: dict) -> list[str]:
-    from datetime import datetime
-
     from rl_core.harvest import harvest
     from rl_core.ledger import lineage_of
     from rl_core.orgs.branch import org_targets as targets
 
     cfg = load_config()
     # the ledger as realtime_rl's harvest consults it: both DAGs write this run's episodes.parquet, identically
-    harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), w["policy_version"], w["run_id"],
+    win = Window.from_xcom(w)
+    harvest(cfg, win.start, win.end, w["policy_version"], win.run_id,
             lineage=lineage_of(cfg, int(w["policy_version"])))
     orgs = targets(cfg, w["run_id"], w["min_episodes"])
     print(f"orgs with enough episodes: {orgs}")
@@ -66,11 +65,10 @@ def org_targets(w: dict) -> list[str]:
 @task(pool=AF.training_pool, retries=0, map_index_template="{{ org }}",
       doc_md="One org end to end; raises on failure, which fails only this org's instance.")
 def adapt_org(w: dict, org: str) -> dict:
-    from datetime import datetime
-
     from rl_core.orgs.branch import adapt_org as run
 
-    out = run(load_config(), datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]),
+    win = Window.from_xcom(w)
+    out = run(load_config(), win.start, win.end,
               int(w["policy_version"]), w["run_id"], org, dry_run=w["dry_run"])
     print(f"org {org}: {out}")
     return out

@@ -37,7 +37,7 @@ except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configu
     from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
-from rl_core.window import SCHEDULE_ANCHOR
+from rl_core.window import SCHEDULE_ANCHOR, Window
 
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
 
@@ -75,8 +75,6 @@ def window() -> dict:
 @task(**IO_RETRIES, doc_md="Harvest and score every turn the window served, by every version (`<run_id>-served`): "
                            "what the monitors judge.")
 def served(w: dict) -> dict:
-    from datetime import datetime
-
     from rl_core.registry.store import known_versions, version_for_alias
     from rl_core.rewards.monitors import score_served
 
@@ -84,8 +82,8 @@ def served(w: dict) -> dict:
     champion = version_for_alias(cfg, "champion")
     if champion is None:
         raise RuntimeError("no `champion` alias: run `rtrl init` first")
-    run = score_served(cfg, w["run_id"], datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]),
-                       max(known_versions(cfg), default=champion))
+    win = Window.from_xcom(w)
+    run = score_served(cfg, win.run_id, win.start, win.end, max(known_versions(cfg), default=champion))
     print(f"served turns of every version scored under {run}; monitors' parent: the champion, version {champion}")
     return {"parent_version": int(champion)}
 
@@ -112,13 +110,12 @@ def rollback(w: dict) -> str:
 @task(**IO_RETRIES, doc_md="A/B verdict for the live challenger from logged outcomes (only once the monitors "
                            "passed); promote, roll back or keep collecting.")
 def ab_verdict(w: dict) -> dict:
-    from datetime import datetime
-
     from rl_core.ab.verdict import ab_verdict as compute
     from rl_core.ab.verdict import apply_verdict
 
     cfg = load_config()
-    result = compute(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]))
+    win = Window.from_xcom(w)
+    result = compute(cfg, win.start, win.end)
     action = "dry-run: not applied" if w["dry_run"] else apply_verdict(cfg, result)
     print(f"A/B {result.decision}: {'; '.join(result.reasons)} (n={result.n})\naction: {action}")
     return {"action": str(action), "decision": result.decision}
@@ -128,8 +125,6 @@ def ab_verdict(w: dict) -> dict:
       doc_md="Episodes of the policy version in the window, feedback joined, less those its lineage already "
              "trained on (the ledger). Skips the rest of the cycle, with the reason, when there is nothing new.")
 def harvest(w: dict, _ab: dict) -> dict:
-    from datetime import datetime
-
     from airflow.sdk.exceptions import AirflowSkipException
 
     from rl_core.harvest import harvest as run_harvest
@@ -141,7 +136,8 @@ def harvest(w: dict, _ab: dict) -> dict:
     policy = w["policy_version"] or champion
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
-    r = run_harvest(cfg, datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]), int(policy), w["run_id"],
+    win = Window.from_xcom(w)
+    r = run_harvest(cfg, win.start, win.end, int(policy), win.run_id,
                     lineage=lineage_of(cfg, int(policy)))
     reason = r.skip_reason()
     if reason:  # skipped, not failed: an empty or already-trained window is not an error

@@ -29,7 +29,13 @@ class Window:
     run_id: str
 
     def to_xcom(self, **extra: Any) -> dict[str, Any]:
+        """The window as a task's return value (JSON: ISO timestamps), with the run's other values."""
         return {"run_id": self.run_id, "start": self.start.isoformat(), "end": self.end.isoformat(), **extra}
+
+    @classmethod
+    def from_xcom(cls, value: dict[str, Any]) -> Window:
+        """The window back from an upstream task's return value (the other keys are left to the caller)."""
+        return cls(_parse_ts("start", value["start"]), _parse_ts("end", value["end"]), value["run_id"])
 
 
 def _parse_ts(name: str, value: Any) -> datetime:
