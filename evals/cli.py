@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rl_core.config import Config
+
 
 def add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", choices=["cursorbench", "humaneval"], default=None, help="default: config eval.suite")
@@ -33,7 +35,7 @@ def add_eval(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=_run)
 
 
-def _policy(cfg, args, version: int | None):
+def _policy(cfg: Config, args, version: int | None):
     from evals.policies import LocalPolicy, OpenAIPolicy
     from rl_core.registry.store import checkpoint_path
 
@@ -58,7 +60,7 @@ def _run(args) -> int:
     return _cursorbench(cfg, args, workers)
 
 
-def _humaneval(cfg, args, workers: int) -> int:
+def _humaneval(cfg: Config, args, workers: int) -> int:
     from evals import humaneval
 
     problems = humaneval.load_problems()
@@ -85,7 +87,7 @@ def _humaneval(cfg, args, workers: int) -> int:
     return 0 if args.solutions == "wrong" or n_pass == len(results) or args.solutions == "model" else 1
 
 
-def _cursorbench(cfg, args, workers: int) -> int:
+def _cursorbench(cfg: Config, args, workers: int) -> int:
     from evals import report
     from evals.compare import compare_policies
     from evals.harness import Budget
@@ -120,7 +122,7 @@ def _cursorbench(cfg, args, workers: int) -> int:
     return status
 
 
-def _log_mlflow(cfg, version: int, metrics: dict[str, float], columns: dict, text: str | None = None) -> None:
+def _log_mlflow(cfg: Config, version: int, metrics: dict[str, float], columns: dict, text: str | None = None) -> None:
     """Metrics (eval/*) plus report.md / report.png as artifacts of the version's own MLflow run."""
     import math
 

@@ -25,6 +25,7 @@ from evals.harness import Budget, TaskResult
 from evals.policies import LocalPolicy, Policy
 from evals.runner import aggregate, results_table, run_suite
 from evals.tasks import load_tasks
+from rl_core.config import Config
 
 # per-task metric -> +1 when higher is better, -1 when lower is better
 PAIRED_METRICS = {"passed": +1, "clarified": -1, "invalid_tool_rate": -1}
@@ -93,7 +94,7 @@ def compare(run_id: str, candidate: list[TaskResult], baseline: list[TaskResult]
     return EvalComparison(run_id, verdict, not reasons, metrics, aggregate(candidate), aggregate(baseline), reasons)
 
 
-def compare_policies(cfg, run_id: str, candidate: Policy | cache.Cached, baseline: Policy | cache.Cached,
+def compare_policies(cfg: Config, run_id: str, candidate: Policy | cache.Cached, baseline: Policy | cache.Cached,
                      tasks=None, progress: bool = False, candidate_key: str | None = None,
                      baseline_key: str | None = None) -> EvalComparison:
     """Run the suite for both policies, write results/comparison/report and the "eval" verdict.
@@ -138,7 +139,7 @@ def compare_policies(cfg, run_id: str, candidate: Policy | cache.Cached, baselin
     return result
 
 
-def evaluate(cfg, run_id: str, candidate_dir: str | Path, baseline_version: int,
+def evaluate(cfg: Config, run_id: str, candidate_dir: str | Path, baseline_version: int,
              candidate: Policy | None = None, baseline: Policy | None = None) -> EvalComparison:
     """The cycle's eval step: the suite on the new checkpoint and on the baseline version, paired.
 

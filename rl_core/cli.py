@@ -14,6 +14,8 @@ import json
 import sys
 from typing import Any
 
+from rl_core.config import Config
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("rl_core.init:add_init", "convert the base model once and register it as version 1 (champion)"),
     "config": ("rl_core.cli:add_config", "show the effective configuration (file + profile + env)"),
@@ -110,7 +112,7 @@ def _config_show(args) -> int:
     return 0
 
 
-def to_toml(cfg) -> str:
+def to_toml(cfg: Config) -> str:
     """The effective config as TOML text (what `rtrl config show` prints)."""
     data = cfg.model_dump(exclude={"source"})
     lines = [f"# effective rtrl config (profile {cfg.profile}, from {cfg.source})"]

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import REPO_ROOT
+from rl_core.config import REPO_ROOT, Config
 from rl_core.runtime.procs import exit_on_sigterm, start, stop, wait_http
 from rl_core.window import (  # noqa: F401  re-exported: the window helpers moved to rl_core/window.py
     SCHEDULE_ANCHOR,
@@ -37,7 +37,7 @@ def bin_path(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def airflow_env(cfg, **extra: str) -> dict[str, str]:
+def airflow_env(cfg: Config, **extra: str) -> dict[str, str]:
     """The environment every airflow command of the embedded stack runs with (rtrl's config included)."""
     env = dict(os.environ)
     env.update({
@@ -64,7 +64,7 @@ def airflow_env(cfg, **extra: str) -> dict[str, str]:
 _PREPARED: set[tuple[str, str, int]] = set()
 
 
-def prepare_airflow(cfg, env: dict[str, str]) -> None:
+def prepare_airflow(cfg: Config, env: dict[str, str]) -> None:
     """`airflow db migrate` and the training pool: idempotent, ~6 s on SQLite, so once per process and
     metadata DB (an experiment's later cycles skip it)."""
     key = (str(cfg.airflow_home), cfg.airflow.training_pool, cfg.airflow.training_pool_slots)
@@ -78,7 +78,7 @@ def prepare_airflow(cfg, env: dict[str, str]) -> None:
     _PREPARED.add(key)
 
 
-def start_airflow(cfg, port: int, log: Path, **extra_env: str) -> tuple[subprocess.Popen, str]:
+def start_airflow(cfg: Config, port: int, log: Path, **extra_env: str) -> tuple[subprocess.Popen, str]:
     """`airflow standalone` (scheduler, dag-processor, api-server, triggerer) on 127.0.0.1:port.
 
     Returns the process and the admin password (simple auth manager)."""
@@ -96,7 +96,7 @@ def start_airflow(cfg, port: int, log: Path, **extra_env: str) -> tuple[subproce
     return proc, password
 
 
-def start_mlflow(cfg, port: int, log: Path) -> subprocess.Popen:
+def start_mlflow(cfg: Config, port: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ)
     argv = [bin_path("mlflow"), "ui", "--backend-store-uri", cfg.tracking_uri, "--host", "127.0.0.1",
             "--port", str(port), "--workers", "1"]
@@ -144,7 +144,7 @@ def _minute(ts: datetime, up: bool) -> datetime:
     return floor + timedelta(minutes=1) if up and floor != ts else floor
 
 
-def drive_traffic(cfg, base_url: str, interactions: int | None) -> int:
+def drive_traffic(cfg: Config, base_url: str, interactions: int | None) -> int:
     """Simulated users through the real HTTP API (rl_core.simulate); returns the interactions made."""
     from rl_core.simulate.runner import SimSpec, simulate
 
@@ -155,7 +155,7 @@ def drive_traffic(cfg, base_url: str, interactions: int | None) -> int:
     return report.interactions
 
 
-def summarize(cfg, w: Window, dag_rc: int) -> CycleReport:
+def summarize(cfg: Config, w: Window, dag_rc: int) -> CycleReport:
     """What the cycle left behind, read back from the lake and MLflow (not from the DAG's logs)."""
     import pyarrow.compute as pc
 
@@ -187,7 +187,7 @@ def summarize(cfg, w: Window, dag_rc: int) -> CycleReport:
     return r
 
 
-def print_report(cfg, r: CycleReport) -> None:
+def print_report(cfg: Config, r: CycleReport) -> None:
     alias = [a for a, v in (r.aliases or {}).items() if v == r.version]
     reward = "n/a" if r.mean_reward is None else f"{r.mean_reward:+.4f}"
     lines = [
@@ -209,7 +209,7 @@ def print_report(cfg, r: CycleReport) -> None:
     print("\n".join(lines))
 
 
-def wait_for_window(cfg) -> float:
+def wait_for_window(cfg: Config) -> float:
     """Sleep until the previous cycle's window has ended, so that consecutive windows never overlap (each turn
     is harvested, A/B-tested and monitored by one cycle). Returns the seconds waited."""
     p = cfg.home_path / "cycle-window-end"
@@ -219,7 +219,7 @@ def wait_for_window(cfg) -> float:
     return wait
 
 
-def run_cycle(cfg, interactions: int | None = None, log_dir: Path | None = None,
+def run_cycle(cfg: Config, interactions: int | None = None, log_dir: Path | None = None,
               policy_version: int | None = None, gateway_url: str | None = None,
               warm_socket: str | None = None, run_dag: bool = True, dag_id: str | None = None) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rl_core.config import Config
+
 
 @dataclass
 class InitResult:
@@ -20,7 +22,7 @@ class InitResult:
     sample: str
 
 
-def init(cfg, check_generation: bool = True) -> InitResult:
+def init(cfg: Config, check_generation: bool = True) -> InitResult:
     from rl_core import models
     from rl_core.registry import card, promote, store
 

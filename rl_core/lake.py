@@ -20,6 +20,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rl_core.config import Config
+
 RAW_TABLES = ("interactions", "feedback")
 
 
@@ -191,5 +193,5 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def lake_from_config(cfg) -> Lake:
+def lake_from_config(cfg: Config) -> Lake:
     return Lake(cfg.lake_root)

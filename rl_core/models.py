@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rl_core.config import Config
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DONE_MARK = "rtrl_model.json"  # written last: a folder without it is an interrupted conversion
 
@@ -128,7 +130,7 @@ def build_tiny(out: Path, mc) -> Path:
     return _finish(tmp, out, {"base": "tiny", "seed": mc.seed, "params": sum(p.numel() for p in model.parameters())})
 
 
-def base_checkpoint(cfg) -> Path:
+def base_checkpoint(cfg: Config) -> Path:
     """The base checkpoint folder for the configured profile, created if missing."""
     out = cfg.models_dir / cfg.model.base
     if cfg.model.base == "tiny":

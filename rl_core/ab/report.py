@@ -13,6 +13,7 @@ import math
 import tempfile
 from pathlib import Path
 
+from rl_core.config import Config
 from rl_core.lake import Lake
 
 ARTIFACT_DIR = "ab"
@@ -72,7 +73,7 @@ def chart_png(result) -> bytes:
     return buf.getvalue()
 
 
-def publish(cfg, result) -> None:
+def publish(cfg: Config, result) -> None:
     """Write report.json / report.md / chart.png to the lake (ab/<window>/) and to an MLflow run."""
     from mlflow.entities import Metric
 

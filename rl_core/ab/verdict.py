@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from rl_core import duck
 from rl_core.ab import stats
+from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.rewards import followup
 from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, now_utc
@@ -86,7 +87,7 @@ def _utc(ts: datetime, field: str) -> datetime:
     return ts.astimezone(timezone.utc)
 
 
-def check_config(cfg) -> None:
+def check_config(cfg: Config) -> None:
     """Fail early, naming the field, when the A/B config names a metric that does not exist."""
     if cfg.ab.primary not in METRICS:
         raise ValueError(f"[ab] primary = {cfg.ab.primary!r}: not one of {sorted(METRICS)}")
@@ -240,7 +241,7 @@ def ab_verdict(
     return result
 
 
-def _outcome_params(cfg, since, until, champion: int, challenger: int) -> dict:
+def _outcome_params(cfg: Config, since, until, champion: int, challenger: int) -> dict:
     w = cfg.rewards.weights
     return {
         "since": since, "until": until, "champion": int(champion), "challenger": int(challenger),
@@ -251,7 +252,7 @@ def _outcome_params(cfg, since, until, champion: int, challenger: int) -> dict:
     }
 
 
-def apply_verdict(cfg, result: ABResult) -> str:
+def apply_verdict(cfg: Config, result: ABResult) -> str:
     """Carry out the verdict; returns what was done: promote / rollback / continue, or stale.
 
     `stale` means the challenger alias no longer points at the analysed version (a newer deploy came in

@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rl_core.config import Config
+
 log = logging.getLogger("rtrl.orgs.serving")
 
 
@@ -43,7 +45,7 @@ class LoadedAdapter:
 class AdapterPool:
     """The live adapter of each org that has a bearer token, kept in step with the registry by sync()."""
 
-    def __init__(self, cfg, orgs: list[str] | None = None):
+    def __init__(self, cfg: Config, orgs: list[str] | None = None):
         self.cfg = cfg
         self.orgs = sorted(set(orgs if orgs is not None else cfg.serving.tokens.values()))
         self._loaded: dict[str, LoadedAdapter] = {}

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from evals.tasks import Task, load_tasks
+from rl_core.config import Config
 
 CONVENTION_TEST = "test_hidden_org_convention.py"
 
@@ -56,7 +57,7 @@ def test_org_convention():
 REWRITABLE = ("type_hints", "docstrings")  # conventions a reference solution can be rewritten to follow
 
 
-def convention_of(cfg, org_id: str) -> str:
+def convention_of(cfg: Config, org_id: str) -> str:
     """The org's convention as an eval task can check it: "type_hints" or "docstrings" when the org wants one
     of those (`[simulate] conventions`), else "none". Other answer features (comments, quotes, a summary line)
     are measured on the org's own traffic (bench/feature_census.py, the experiment's sim/* rates) instead."""
@@ -95,7 +96,7 @@ def org_task(task: Task, org_id: str, convention: str) -> Task:
                                    "solution": solution, "tags": [*task.tags, f"org={org_id}", f"convention={convention}"]})
 
 
-def org_tasks(cfg, org_id: str, limit: int | None = None) -> list[Task]:
+def org_tasks(cfg: Config, org_id: str, limit: int | None = None) -> list[Task]:
     """The org's task set: the shared suite's tasks that have a reference solution, as org variants."""
     limit = cfg.eval.task_limit if limit is None else limit
     kinds = ["bugfix", "feature", "refactor", "write_test"]  # "ambiguous" tasks ask; they write no function

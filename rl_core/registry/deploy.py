@@ -8,12 +8,13 @@ traffic (by a stable hash of user_id) within one alias poll interval.
 
 from __future__ import annotations
 
+from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.registry import gate, promote, store
 from rl_core.reports import Verdict, write_verdict
 
 
-def deploy(cfg, run_id: str, version: int) -> bool:
+def deploy(cfg: Config, run_id: str, version: int) -> bool:
     """Gate, then alias `challenger` -> version. Returns True when the alias moved; False otherwise."""
     from mlflow.exceptions import MlflowException
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.pipeline import REQUIRED_VERDICTS
 from rl_core.reports import GateFailed, Verdict, read_verdicts, write_verdict
@@ -40,7 +41,7 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def evaluate(cfg, run_id: str, verdicts: dict[str, Verdict]) -> Verdict:
+def evaluate(cfg: Config, run_id: str, verdicts: dict[str, Verdict]) -> Verdict:
     """The promotion verdict from a run's verdicts (pure: no reads, no writes)."""
     reasons: list[str] = []
     status: dict[str, str] = {}
@@ -62,7 +63,7 @@ def evaluate(cfg, run_id: str, verdicts: dict[str, Verdict]) -> Verdict:
     return Verdict(name=NAME, passed=not reasons, reasons=reasons, details={"run_id": run_id, "verdicts": status})
 
 
-def decide(cfg, run_id: str, raise_on_fail: bool = False) -> Verdict:
+def decide(cfg: Config, run_id: str, raise_on_fail: bool = False) -> Verdict:
     """Read runs/<run_id>/verdicts/*, decide, write the "promotion" verdict; GateFailed if asked and failing."""
     lake = Lake(cfg.lake_root)
     verdict = evaluate(cfg, run_id, read_verdicts(lake, run_id))

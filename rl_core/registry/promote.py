@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rl_core.config import Config
 from rl_core.registry import store
 from rl_core.reports import Verdict
 
@@ -37,12 +38,12 @@ class AliasMove:
     reason: str
 
 
-def _all_versions(cfg):
+def _all_versions(cfg: Config):
     c = store.client(cfg)
     return c.search_model_versions(f"name='{cfg.mlflow.model_name}'")
 
 
-def history(cfg, alias: str = "champion") -> list[AliasMove]:
+def history(cfg: Config, alias: str = "champion") -> list[AliasMove]:
     """Each version's latest assignment of `alias`, oldest first (its alias.<alias>.set_at version tag)."""
     moves = [
         AliasMove(tags[f"alias.{alias}.set_at"], alias, int(mv.version), tags.get(f"alias.{alias}.set_reason", ""))
@@ -52,12 +53,12 @@ def history(cfg, alias: str = "champion") -> list[AliasMove]:
     return sorted(moves, key=lambda m: (m.stamp, m.version))
 
 
-def point(cfg, alias: str, version: int, reason: str) -> None:
+def point(cfg: Config, alias: str, version: int, reason: str) -> None:
     """alias -> version (init's champion, deploy's challenger, an org's live adapter): recorded like every move."""
     store.set_alias(cfg, alias, int(version), reason)
 
 
-def take_off_tripped(cfg, verdict: Verdict, dry_run: bool = False) -> str:
+def take_off_tripped(cfg: Config, verdict: Verdict, dry_run: bool = False) -> str:
     """What a monitors trip means for traffic: a tripped version that is the live challenger is taken off
     (alias removed, tagged rolled_back). Blocking its descendants is not enough: it would keep serving its
     share, and its inflated reward could win the next A/B verdict. Returns what was done, in words."""
@@ -71,7 +72,7 @@ def take_off_tripped(cfg, verdict: Verdict, dry_run: bool = False) -> str:
     return f"challenger version {live} rolled back (taken off traffic): {why}"
 
 
-def _require(cfg, alias: str, expected: int | None) -> int:
+def _require(cfg: Config, alias: str, expected: int | None) -> int:
     held = store.version_for_alias(cfg, alias)
     if held is None:
         raise RegistryError(f"no version holds alias {alias!r}")
@@ -80,7 +81,7 @@ def _require(cfg, alias: str, expected: int | None) -> int:
     return held
 
 
-def promote(cfg, reason: str, expected: int | None = None) -> int:
+def promote(cfg: Config, reason: str, expected: int | None = None) -> int:
     """champion <- challenger, then the challenger alias is removed. Returns the new champion version."""
     version = _require(cfg, "challenger", expected)
     store.set_alias(cfg, "champion", version, f"promote: {reason}")
@@ -89,7 +90,7 @@ def promote(cfg, reason: str, expected: int | None = None) -> int:
     return version
 
 
-def drop_challenger(cfg, reason: str, expected: int | None = None) -> int:
+def drop_challenger(cfg: Config, reason: str, expected: int | None = None) -> int:
     """Remove the challenger alias and tag its version rolled_back. Returns that version."""
     version = _require(cfg, "challenger", expected)
     store.delete_alias(cfg, "challenger", f"rollback: {reason}")
@@ -97,17 +98,17 @@ def drop_challenger(cfg, reason: str, expected: int | None = None) -> int:
     return version
 
 
-def _mark_rolled_back(cfg, version: int, reason: str) -> None:
+def _mark_rolled_back(cfg: Config, version: int, reason: str) -> None:
     store.set_version_tags(cfg, version, {ROLLED_BACK: "true", f"{ROLLED_BACK}_at": store.stamp(),
                                           f"{ROLLED_BACK}_reason": reason})
     store.append_history(cfg, version, f"rolled back: {reason}")
 
 
-def rolled_back_versions(cfg) -> set[int]:
+def rolled_back_versions(cfg: Config) -> set[int]:
     return {int(mv.version) for mv in _all_versions(cfg) if (mv.tags or {}).get(ROLLED_BACK) == "true"}
 
 
-def previous_champion(cfg) -> int | None:
+def previous_champion(cfg: Config) -> int | None:
     """The last champion before the current one that was never rolled back (None if there is none)."""
     current = store.version_for_alias(cfg, "champion")
     bad = rolled_back_versions(cfg)
@@ -117,7 +118,7 @@ def previous_champion(cfg) -> int | None:
     return None
 
 
-def restore_previous_champion(cfg, reason: str) -> tuple[int, int]:
+def restore_previous_champion(cfg: Config, reason: str) -> tuple[int, int]:
     """champion <- the previous champion; the demoted version is tagged rolled_back. Returns (from, to)."""
     current = _require(cfg, "champion", None)
     target = previous_champion(cfg)

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from rl_core import ledger
+from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.registry import card, store
 from rl_core.reports import read_verdicts
@@ -39,7 +40,7 @@ class RegisterError(ValueError):
     """The run's files do not describe a registrable checkpoint; the message names the file and field."""
 
 
-def find_version(cfg, run_id: str) -> int | None:
+def find_version(cfg: Config, run_id: str) -> int | None:
     """The version already registered for run_id (by its run_id tag), if any."""
     from mlflow.exceptions import MlflowException
 
@@ -73,7 +74,7 @@ def _reward_hash(lake: Lake, relpath: str) -> str | None:
     return hashes.pop() if hashes else None
 
 
-def lineage(cfg, run_id: str) -> dict[str, Any]:
+def lineage(cfg: Config, run_id: str) -> dict[str, Any]:
     """Everything register_run records, read from the run's files (raises RegisterError when unusable)."""
     lake = Lake(cfg.lake_root)
     run = lake.run(run_id)
@@ -119,7 +120,7 @@ def lineage(cfg, run_id: str) -> dict[str, Any]:
             "mlflow_run_id": summary.get("mlflow_run_id") or None}
 
 
-def _existing_run(cfg, mlflow_run_id: str | None) -> str | None:
+def _existing_run(cfg: Config, mlflow_run_id: str | None) -> str | None:
     """The trainer's MLflow run when it exists in this tracking store (else a new run is made)."""
     from mlflow.exceptions import MlflowException
 
@@ -132,7 +133,7 @@ def _existing_run(cfg, mlflow_run_id: str | None) -> str | None:
     return mlflow_run_id
 
 
-def register_run(cfg, run_id: str, tags: dict[str, str] | None = None) -> int:
+def register_run(cfg: Config, run_id: str, tags: dict[str, str] | None = None) -> int:
     """The run's checkpoint as a new version of cfg.mlflow.model_name (or the version it already has), its
     episodes recorded as consumed. tags: more tags for the version and its MLflow run (e.g. the Airflow run);
     they never replace a lineage tag. Raises EpisodesConsumed when other runs already trained on them."""

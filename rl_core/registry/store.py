@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from rl_core.config import Config
 from rl_core.schema import now_utc
 
 CHECKPOINT_ARTIFACT = "checkpoint"
@@ -25,7 +26,7 @@ HISTORY = "**History**"  # the description's history section starts at this line
 PURPOSES = {"train": "", "ab": "-ab", "learning": "-learning"}  # experiment name suffix per purpose
 
 
-def client(cfg):
+def client(cfg: Config):
     """An MlflowClient on the configured tracking/registry URI (the folder for SQLite is created)."""
     import mlflow
     from mlflow import MlflowClient
@@ -38,7 +39,7 @@ def client(cfg):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def experiment_id(cfg, purpose: str = "train") -> str:
+def experiment_id(cfg: Config, purpose: str = "train") -> str:
     """The id of the experiment for purpose (PURPOSES), created with artifacts under the artifact root."""
     c = client(cfg)
     name = cfg.mlflow.experiment + PURPOSES[purpose]
@@ -52,7 +53,7 @@ def experiment_id(cfg, purpose: str = "train") -> str:
     return c.create_experiment(name, artifact_location=f"{root}/{name}")
 
 
-def ensure_registered_model(cfg, description: str = "rtrl policy checkpoints") -> None:
+def ensure_registered_model(cfg: Config, description: str = "rtrl policy checkpoints") -> None:
     from mlflow.exceptions import MlflowException
 
     c = client(cfg)
@@ -107,7 +108,7 @@ def stamp() -> str:
     return now_utc().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def append_history(cfg, version: int, line: str) -> None:
+def append_history(cfg: Config, version: int, line: str) -> None:
     """Append `- <time> <line>` to the version's description, under its History section."""
     c = client(cfg)
     name = cfg.mlflow.model_name
@@ -117,13 +118,13 @@ def append_history(cfg, version: int, line: str) -> None:
     c.update_model_version(name, str(version), description=f"{text.rstrip()}\n- {stamp()} {line}\n")
 
 
-def set_version_tags(cfg, version: int, tags: dict[str, Any]) -> None:
+def set_version_tags(cfg: Config, version: int, tags: dict[str, Any]) -> None:
     c = client(cfg)
     for k, v in tags.items():
         c.set_model_version_tag(cfg.mlflow.model_name, str(version), k, str(v)[:4000])
 
 
-def set_alias(cfg, alias: str, version: int, reason: str) -> None:
+def set_alias(cfg: Config, alias: str, version: int, reason: str) -> None:
     """Point alias at version and record the move (time, reason, previous holder) on both versions."""
     c = client(cfg)
     name = cfg.mlflow.model_name
@@ -138,7 +139,7 @@ def set_alias(cfg, alias: str, version: int, reason: str) -> None:
         append_history(cfg, previous, f"`{alias}` moved to version {version}: {reason}")
 
 
-def delete_alias(cfg, alias: str, reason: str) -> int | None:
+def delete_alias(cfg: Config, alias: str, reason: str) -> int | None:
     """Remove an alias; returns the version that held it (None if none did)."""
     c = client(cfg)
     name = cfg.mlflow.model_name
@@ -151,7 +152,7 @@ def delete_alias(cfg, alias: str, reason: str) -> int | None:
     return held
 
 
-def version_for_alias(cfg, alias: str) -> int | None:
+def version_for_alias(cfg: Config, alias: str) -> int | None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -161,7 +162,7 @@ def version_for_alias(cfg, alias: str) -> int | None:
     return int(mv.version)
 
 
-def aliases(cfg) -> dict[str, int]:
+def aliases(cfg: Config) -> dict[str, int]:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -171,17 +172,17 @@ def aliases(cfg) -> dict[str, int]:
     return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
 
-def known_versions(cfg) -> list[int]:
+def known_versions(cfg: Config) -> list[int]:
     """Every version number of the registered model, ascending (empty before `rtrl init`)."""
     found = client(cfg).search_model_versions(f"name='{cfg.mlflow.model_name}'")
     return sorted(int(v.version) for v in found)
 
 
-def get_version(cfg, version: int):
+def get_version(cfg: Config, version: int):
     return client(cfg).get_model_version(cfg.mlflow.model_name, str(version))
 
 
-def checkpoint_path(cfg, version: int) -> Path:
+def checkpoint_path(cfg: Config, version: int) -> Path:
     """A local folder holding the version's HF checkpoint (the artifact folder itself when it is local)."""
     mv = get_version(cfg, version)
     src = mv.source

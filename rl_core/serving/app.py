@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rl_core.collect.collector import Collector
+from rl_core.config import Config
 from rl_core.serving.metrics import Metrics
 from rl_core.serving.protocol import ApiError
 from rl_core.serving.router import Router
@@ -53,7 +54,7 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
 
 
-def create_app(cfg, router: Router, collector: Collector, metrics: Metrics | None = None) -> FastAPI:
+def create_app(cfg: Config, router: Router, collector: Collector, metrics: Metrics | None = None) -> FastAPI:
     """One gateway app over these parts (the caller owns and closes them); its own Metrics unless given."""
     app = FastAPI(title="rtrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
     m = metrics or Metrics()

@@ -19,11 +19,12 @@ import urllib.request
 from pathlib import Path
 
 from rl_core.collect.wal import open_segments, try_seal_orphan
+from rl_core.config import Config
 from rl_core.runtime.procs import free_port, start, stop, wait_http
 from rl_core.serving.router import ALIASES
 
 
-def start_gateway(cfg, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(cfg: Config, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
     """`rtrl serve` on a free loopback port; returns (process, base URL) once /healthz answers."""
     port = free_port()
     proc = start([sys.executable, "-m", "rl_core.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], env, log)
@@ -46,7 +47,7 @@ def serving(base_url: str) -> dict[str, int]:
     return {a: int(v) for a, v in (body.get("serving") or {}).items()}
 
 
-def wait_in_sync(cfg, base_url: str, timeout_s: float) -> dict[str, int]:
+def wait_in_sync(cfg: Config, base_url: str, timeout_s: float) -> dict[str, int]:
     """Block until the gateway serves exactly the registry's champion/challenger aliases; returns them."""
     from rl_core.registry import store
 

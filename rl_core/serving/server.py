@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from rl_core.collect.collector import Collector
+from rl_core.config import Config
 from rl_core.serving.app import create_app
 from rl_core.serving.backends import make_backend, vllm_available
 from rl_core.serving.router import Router
@@ -42,7 +43,7 @@ class Gateway:
         self.collector.close()
 
 
-def build_gateway(cfg, backend: str | None = None, poll: bool = True, background_compaction: bool = True) -> Gateway:
+def build_gateway(cfg: Config, backend: str | None = None, poll: bool = True, background_compaction: bool = True) -> Gateway:
     """Load what the aliases point at (blocking) and wire the app. backend overrides cfg.serving.backend."""
     from rl_core.registry import store
 
@@ -78,7 +79,7 @@ class _ThreadServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve_in_thread(cfg, port: int = 0, backend: str | None = None, gateway: Gateway | None = None) -> Iterator[str]:
+def serve_in_thread(cfg: Config, port: int = 0, backend: str | None = None, gateway: Gateway | None = None) -> Iterator[str]:
     """Serve on 127.0.0.1:port (0 = a free port) in a thread; yields "http://127.0.0.1:PORT"."""
     gw = gateway or build_gateway(cfg, backend)
     server = _ThreadServer(uvicorn.Config(gw.app, host="127.0.0.1", port=port, log_level="warning",
@@ -112,7 +113,7 @@ class _ClosingServer(uvicorn.Server):
         self.gateway.close()
 
 
-def run(cfg, host: str, port: int, backend: str | None = None) -> None:
+def run(cfg: Config, host: str, port: int, backend: str | None = None) -> None:
     """Serve in the foreground until SIGINT/SIGTERM, then drain requests and close everything."""
     gw = build_gateway(cfg, backend)
     try:

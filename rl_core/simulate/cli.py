@@ -12,6 +12,8 @@ import argparse
 import contextlib
 import sys
 
+from rl_core.config import Config
+
 
 def add_simulate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, help="number of simulated users (default: [simulate] users)")
@@ -51,7 +53,7 @@ def _run(args) -> int:
 
 
 @contextlib.contextmanager
-def _gateway(cfg, base_url: str | None):
+def _gateway(cfg: Config, base_url: str | None):
     if base_url:
         yield base_url
         return

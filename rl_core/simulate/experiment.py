@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rl_core.config import Config
 from rl_core.lake import Lake
 
 CURVES = ("mean_reward", "edit_persisted_rate", "eval_pass_rate", "clarifying_rate", "broken_tool_rate", "no_edit_rate",
@@ -71,7 +72,7 @@ def _read(lake: Lake, run_id: str, name: str):
     return lake.read_parquet(p) if lake.exists(p) else None
 
 
-def score_all_traffic(cfg, report) -> str:
+def score_all_traffic(cfg: Config, report) -> str:
     """Harvest + score every episode served in the cycle's window, whatever version served it (the DAG's own
     harvest keeps only the policy's lag range), under run id `<run_id>-served`: what users got."""
     from datetime import datetime
@@ -85,7 +86,7 @@ def score_all_traffic(cfg, report) -> str:
                         newest)
 
 
-def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
+def cycle_metrics(cfg: Config, k: int, report) -> CycleMetrics:
     """What one cycle's files say (all served episodes + rewards, train summary, eval verdict)."""
     from rl_core.reports import read_verdict
     from rl_core.rewards.monitors import version_rates
@@ -122,7 +123,7 @@ def cycle_metrics(cfg, k: int, report) -> CycleMetrics:
     return m
 
 
-def preferred_features(cfg) -> list[str]:
+def preferred_features(cfg: Config) -> list[str]:
     """The features the simulated users hold a preference on (shared first, then the orgs' conventions)."""
     s = cfg.simulate
     names = ([s.preference.feature] if s.preference else []) + [p.feature for _, p in sorted(s.conventions.items())]
@@ -220,7 +221,7 @@ def markdown(curves: list[CycleMetrics], pair: Paired | None, cfg, seconds: floa
     return "\n".join(lines) + "\n"
 
 
-def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, md: str, params: dict,
+def log_mlflow(cfg: Config, curves: list[CycleMetrics], pair: Paired | None, png: Path, md: str, params: dict,
                task_pair: Paired | None = None) -> str:
     """One MLflow run in experiment `<experiment>-learning`: a metric per curve with step = cycle, PNG + table."""
     from rl_core.registry import store
@@ -247,7 +248,7 @@ def log_mlflow(cfg, curves: list[CycleMetrics], pair: Paired | None, png: Path, 
     return rid
 
 
-def log_sim(cfg, c, rid: str, curves: list[CycleMetrics]) -> None:
+def log_sim(cfg: Config, c, rid: str, curves: list[CycleMetrics]) -> None:
     """What users got, as MLflow metrics grouped `sim/*` (step = cycle): the mean reward and every answer
     feature's rate with its CI, on the experiment's run and on the run of each version that served a cycle
     alone (so a version's page shows how its answers were received)."""
@@ -264,7 +265,7 @@ def log_sim(cfg, c, rid: str, curves: list[CycleMetrics]) -> None:
                 c.log_metric(run, k, float(v), step=m.cycle)
 
 
-def train_base(cfg, train_from: str) -> int | None:
+def train_base(cfg: Config, train_from: str) -> int | None:
     """The version a cycle updates: None (the DAG's default, the champion) or, for "latest", the version
     serving as challenger when there is one (the newest policy that passed every gate), else the champion."""
     if train_from == "champion":
@@ -274,7 +275,7 @@ def train_base(cfg, train_from: str) -> int | None:
     return version_for_alias(cfg, "challenger") or version_for_alias(cfg, "champion")
 
 
-def run_experiment(cfg, cycles: int, interactions: int | None, out_dir: Path, train_from: str = "champion",
+def run_experiment(cfg: Config, cycles: int, interactions: int | None, out_dir: Path, train_from: str = "champion",
                    warm_start: bool = True, measure_last: bool = False,
                    dag_id: str | None = None) -> tuple[list[CycleMetrics], Paired | None, str]:
     """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing;

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.simulate.experiment import CycleMetrics
 
@@ -41,7 +42,7 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def adapters_served(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, int]]:
+def adapters_served(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[str, int]]:
     """org -> {adapter_version or "none": interactions} in the last cycle's window, from the lake."""
     last = curves[-1]
     t = Lake(cfg.lake_root).read_window("interactions", datetime.fromisoformat(last.window[0]),
@@ -55,7 +56,7 @@ def adapters_served(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, int]
     return out
 
 
-def org_verdicts(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
+def org_verdicts(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
     """org -> its adapter run's verdicts (train, eval on the shared suite, eval_org), per trained cycle."""
     from rl_core.orgs.pipeline import org_run_id
     from rl_core.reports import read_verdicts
@@ -66,7 +67,7 @@ def org_verdicts(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
             for org in cfg.simulate.conventions}
 
 
-def org_summary(cfg, feature: str, curves: list[CycleMetrics]) -> dict:
+def org_summary(cfg: Config, feature: str, curves: list[CycleMetrics]) -> dict:
     """The DiD, each org's own move toward its convention, and the isolation and eval checks."""
     conv = cfg.simulate.conventions
     orgs = sorted(conv)

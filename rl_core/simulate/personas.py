@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from rl_core.config import Config
 from rl_core.simulate.features import Answer, feature
 
 
@@ -83,7 +84,7 @@ class Org:
         return [] if c.holds(Answer(f"```python\n{source}\n```")) else [c.complaint()]
 
 
-def orgs_from_config(cfg) -> list[Org]:
+def orgs_from_config(cfg: Config) -> list[Org]:
     """The simulated orgs (cfg.simulate.orgs), each with a token from cfg.serving.tokens that maps to it, its
     convention (cfg.simulate.conventions) and the shared preference (cfg.simulate.preference)."""
     by_org = {org: tok for tok, org in sorted(cfg.serving.tokens.items())}

@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl_core.config import REPO_ROOT
+from rl_core.config import REPO_ROOT, Config
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, t_interval
 
 
@@ -88,7 +88,7 @@ def _git_commit() -> str:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def judge_last(cfg, curves: list[CycleMetrics], ab_test: bool = True) -> dict:
+def judge_last(cfg: Config, curves: list[CycleMetrics], ab_test: bool = True) -> dict:
     """The production checks on the measured last cycle: the monitors (v1 as the parent) over what it served,
     and `rtrl ab` over the whole experiment (v1's traffic as the champion arm, the last policy's as the
     challenger arm), applied: a promote moves `champion`. ab_test=False (org adapters: no new version)."""

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+from rl_core.config import Config
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import SimTask, load_bank, select, tasks_for
 from rl_core.simulate.personas import User, make_users, orgs_from_config
@@ -216,7 +217,7 @@ def _run_user(user: User, budget: int, bank: list[SimTask], chat: Chat, post: Fe
         tick(res.interactions)
 
 
-def simulate(cfg, base_url: str | None = None, spec: SimSpec | None = None, *, chat: Chat | None = None,
+def simulate(cfg: Config, base_url: str | None = None, spec: SimSpec | None = None, *, chat: Chat | None = None,
              post: Feedbacks | None = None, bank: list[SimTask] | None = None, progress: bool = True) -> SimReport:
     """Run simulated users against the gateway at base_url (or through `chat`/`post` given explicitly)."""
     from tqdm import tqdm
@@ -254,7 +255,7 @@ def simulate(cfg, base_url: str | None = None, spec: SimSpec | None = None, *, c
     return report
 
 
-def first_turns(cfg, tasks: list, ask: Callable, concurrency: int, log_name: str) -> list:
+def first_turns(cfg: Config, tasks: list, ask: Callable, concurrency: int, log_name: str) -> list:
     """ask(task, user, chat, i) for every task, each put as a first turn by a seeded user of the task's org
     (any user for a shared task), to the champion served by a gateway of its own (one engine: a spare would
     only compete for the CPU). How bench/task_probe.py and bench/feature_census.py question a model."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.reports import GateFailed, Verdict, read_verdict
 from rl_core.schema import now_utc
@@ -52,7 +53,7 @@ class ScenarioReport:
         return "\n".join(lines)
 
 
-def register_variant(cfg, variant: str, parent: int = 1) -> int:
+def register_variant(cfg: Config, variant: str, parent: int = 1) -> int:
     """A new registry version standing for a planted variant (the champion's weights, tagged as planted)."""
     from rl_core.registry import store
 
@@ -74,7 +75,7 @@ def _stage(stages: list[StageOutcome], name: str, fn, *args) -> Any:
     return out
 
 
-def check_window(cfg, run_id: str, start: datetime, end: datetime, policy_version: int, parent: int) -> list[StageOutcome]:
+def check_window(cfg: Config, run_id: str, start: datetime, end: datetime, policy_version: int, parent: int) -> list[StageOutcome]:
     """harvest -> gate_raw -> gate_episodes -> rewards -> gate_rewards -> monitors on one window: the cycle's
     gates by their one definition (rl_core.pipeline), each recorded rather than raised so all report. The
     monitors read this run's own harvest, which holds every planted version (policy_version is the newest)."""
@@ -94,7 +95,7 @@ def check_window(cfg, run_id: str, start: datetime, end: datetime, policy_versio
     return stages
 
 
-def run_scenario(cfg, variants: list[str], *, interactions: int = 120, users: int = 24, seed: int = 0,
+def run_scenario(cfg: Config, variants: list[str], *, interactions: int = 120, users: int = 24, seed: int = 0,
                  run_id: str = "hack-scenario") -> ScenarioReport:
     """Serve oracle (v1) + each variant to simulated users through the gateway, then run the checks."""
     from rl_core.registry import gate, store
