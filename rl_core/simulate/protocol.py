@@ -230,7 +230,8 @@ def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
             r = [c["feature_rates"][name] for c in s["cycles"]]
             ax.errorbar(cyc, [x["rate"] for x in r], capsize=3, marker="o", label=f"seed {s['seed']}, all",
                         yerr=[[x["rate"] - x["ci_low"] for x in r], [x["ci_high"] - x["rate"] for x in r]])
-            for org, ys in (s.get("orgs") or {}).get("org_rates_by_cycle", {}).items():  # orgs: each org's line
+            by_org = (s.get("orgs") or {}).get("org_rates_by_cycle", {}) if name == features[0] else {}
+            for org, ys in by_org.items():  # orgs: each org's line, on the protocol's feature (what it measures)
                 ax.plot(cyc, [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
                         label=f"seed {s['seed']}, {org}")
     axes[0].set_title("mean reward (95% CI over users)")
