@@ -100,20 +100,7 @@ def write_stream(lake: Lake, relpath: str, reader, schema: pa.Schema) -> tuple[s
                         n_fb += int(pc.sum(pc.greater(t["n_feedback"], 0)).as_py() or 0)
                 if n_rows == 0:
                     writer.write_table(schema.empty_table())
-        if lake.is_local:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-            dfd = os.open(parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        else:
-            lake.fs.mv(tmp, final)
+        lake.publish(tmp, final)
     finally:
         if lake.fs.exists(tmp):
             lake.fs.rm(tmp)

@@ -108,20 +108,31 @@ class Lake:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 _write_all(fd, data)
-                os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, final)
-            dfd = os.open(parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)  # the rename itself is durable
-            finally:
-                os.close(dfd)
         else:
             with self.fs.open(tmp, "wb") as f:
                 f.write(data)
-            self.fs.mv(tmp, final)
+        self.publish(tmp, final)
         return final
+
+    def publish(self, tmp: str, final: str) -> None:
+        """Move a fully written temp file into place: on local disk fsync it, rename, fsync the folder (the
+        rename itself is durable); on a remote filesystem one move."""
+        if not self.is_local:
+            self.fs.mv(tmp, final)
+            return
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        dfd = os.open(final.rsplit("/", 1)[0], os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     def write_parquet(self, relpath: str, table: pa.Table) -> str:
         buf = io.BytesIO()
