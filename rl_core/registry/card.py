@@ -20,18 +20,18 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.registry import store
 from rl_core.reports import Verdict, read_verdicts
-
-REWARD_COMPONENTS = ("edit_persisted", "edit_reverted", "dissatisfied_followup", "latency", "tool_call_validity",
-                     "clarification", "thumbs")
+from rl_core.schema import SIGNALS
 
 
 def _finite(d: dict[str, Any]) -> dict[str, float]:
@@ -39,12 +39,15 @@ def _finite(d: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def reward_metrics(lake: Lake, run_id: str) -> dict[str, float]:
-    """reward/*: the run's scored episodes (rewards.parquet); empty when the run has none."""
+def read_rewards(lake: Lake, run_id: str) -> pa.Table | None:
     path = lake.run(run_id).rewards
-    if not lake.exists(path):
+    return lake.read_parquet(path) if lake.exists(path) else None
+
+
+def reward_metrics(t: pa.Table | None) -> dict[str, float]:
+    """reward/*: a run's scored episodes (its rewards.parquet); empty when the run has none."""
+    if t is None:
         return {}
-    t = lake.read_parquet(path)
     if t.num_rows == 0:
         return {"reward/n": 0.0}
     out = {"reward/n": t.num_rows, "reward/mean": pc.mean(t["reward"]).as_py(),
@@ -52,7 +55,7 @@ def reward_metrics(lake: Lake, run_id: str) -> dict[str, float]:
     flags = {"broken_tool_call": "broken_tool_rate", "is_clarifying": "clarifying_rate"}
     out |= {f"reward/{name}": pc.mean(pc.cast(t[col], "float64")).as_py() for col, name in flags.items()
             if col in t.column_names}
-    out |= {f"reward/{c}": pc.mean(t[c]).as_py() for c in REWARD_COMPONENTS if c in t.column_names}
+    out |= {f"reward/{c}": pc.mean(t[c]).as_py() for c in SIGNALS if c in t.column_names}
     return _finite(out)
 
 
@@ -71,20 +74,27 @@ def eval_metrics(details: dict[str, Any]) -> dict[str, float]:
     return _finite(out)
 
 
+def _log_batch(client, mlflow_run: str, metrics: dict[str, float]) -> None:
+    """Every metric in one call (one store transaction, not one per metric)."""
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    client.log_batch(mlflow_run, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])
+
+
 def run_of(cfg: Config, version: int) -> str:
     return store.get_version(cfg, version).run_id
 
 
-def _charts(lake: Lake, run_id: str, metrics: dict[str, float], out: Path) -> None:
+def _charts(run_id: str, rewards_table: pa.Table | None, metrics: dict[str, float], out: Path) -> None:
     """charts/reward_hist.png (the episodes' rewards) and charts/eval_deltas.png (pass-rate delta per category)."""
     import matplotlib  # heavy: imported only when a card is drawn
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = lake.run(run_id).rewards
-    if lake.exists(path):
-        rewards = lake.read_parquet(path)["reward"].to_pylist()
+    if rewards_table is not None:
+        rewards = rewards_table["reward"].to_pylist()
         fig, ax = plt.subplots(figsize=(6, 3.2))
         ax.hist([r for r in rewards if r is not None], bins=20, color="#3b7dd8")
         ax.set(title=f"{run_id}: episode rewards (n={len(rewards)})", xlabel="reward", ylabel="episodes")
@@ -110,11 +120,11 @@ def log_cycle(cfg: Config, run_id: str, version: int) -> None:
     lake = Lake(cfg.lake_root)
     mlflow_run = run_of(cfg, version)
     verdicts = read_verdicts(lake, run_id)
-    metrics = reward_metrics(lake, run_id) | (eval_metrics(verdicts["eval"].details) if "eval" in verdicts else {})
+    rewards = read_rewards(lake, run_id)  # read once: the metrics and the histogram
+    metrics = reward_metrics(rewards) | (eval_metrics(verdicts["eval"].details) if "eval" in verdicts else {})
     c = store.client(cfg)
     c.update_run(mlflow_run, name=f"v{version}-{run_id}")  # the version first: the runs table cuts long names
-    for k, v in metrics.items():
-        c.log_metric(mlflow_run, k, v)
+    _log_batch(c, mlflow_run, metrics)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for sub in ("eval", "verdicts", "charts"):
@@ -126,7 +136,7 @@ def log_cycle(cfg: Config, run_id: str, version: int) -> None:
             if lake.exists(rel):
                 with lake.fs.open(lake.path(rel), "rb") as f:
                     (root / "eval" / name).write_bytes(f.read())
-        _charts(lake, run_id, metrics, root / "charts")
+        _charts(run_id, rewards, metrics, root / "charts")
         for sub in ("eval", "verdicts", "charts"):
             if any((root / sub).iterdir()):
                 c.log_artifacts(mlflow_run, str(root / sub), sub)
@@ -146,8 +156,7 @@ def log_monitors(cfg: Config, verdict: Verdict) -> None:
         values |= {f"monitor/{k}_rise": rates[k] - reference[k] for k in rates
                    if k.endswith("_rate") and isinstance(reference.get(k), (int, float)) and rates.get(k) is not None}
         values["monitor/n"] = rates.get("n")
-        for k, x in _finite(values).items():
-            c.log_metric(mlflow_run, k, x)
+        _log_batch(c, mlflow_run, _finite(values))
         c.log_text(mlflow_run, json.dumps(d, indent=2, sort_keys=True, default=str), f"monitors/{d.get('run_id')}.json")
         status = "tripped" if int(v) in d.get("tripped", []) else "passed"
         store.set_version_tags(cfg, int(v), {"monitor.verdict": status, "monitor.run": d.get("run_id", "")})
@@ -162,8 +171,7 @@ def log_ab(cfg: Config, result) -> None:
     c = store.client(cfg)
     mlflow_run = run_of(cfg, version)
     values = {f"ab/{m.name}_{f}": getattr(m, f) for m in result.metrics.values() for f in ("diff", "lo", "hi", "p_value")}
-    for k, v in _finite(values).items():
-        c.log_metric(mlflow_run, k, v)
+    _log_batch(c, mlflow_run, _finite(values))
     store.set_version_tags(cfg, version, {"ab.decision": result.decision, "ab.champion": result.champion_version})
     describe(cfg, version)
 

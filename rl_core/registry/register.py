@@ -104,7 +104,7 @@ def lineage(cfg: Config, run_id: str) -> dict[str, Any]:
     reward_hash = _reward_hash(lake, run.rewards) or summary.get("reward_config_hash") or ""
 
     verdicts = read_verdicts(lake, run_id)
-    metrics = summary_metrics(summary) | card.reward_metrics(lake, run_id)
+    metrics = summary_metrics(summary) | card.reward_metrics(card.read_rewards(lake, run_id))
     if "eval" in verdicts:
         metrics |= card.eval_metrics(verdicts["eval"].details)
     tags = {
@@ -156,8 +156,8 @@ def register_run(cfg: Config, run_id: str, tags: dict[str, str] | None = None) -
         info["checkpoint"],
         run_name=run_id,
         tags={**(tags or {}), **info["tags"]},
-        # the trainer's run already holds train/*: card.log_cycle adds reward/* and eval/*
-        metrics={} if trainer_run else info["metrics"],
+        # the trainer's run already holds train/*; card.log_cycle adds reward/* and eval/* (not logged twice here)
+        metrics={} if trainer_run else {k: v for k, v in info["metrics"].items() if k.startswith("train/")},
         run_id=trainer_run,
     )
     ledger.consume(cfg, run_id, version, parent)
