@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cycle": ("rl_core.cycle:add_cycle", "one whole cycle: init, serve, simulate, DAG run, report"),
     "forget": ("rl_core.forget:add_forget", "delete an organisation's (or user's) rows from the lake"),
     "bench": ("rl_core.bench:add_bench", "run a benchmark from bench/ and print its table"),
+    "stack": ("rl_core.stack.cli:add_stack", "the production stack here: PostgreSQL, Redis, S3, MLflow server, Celery"),
 }
 
 
