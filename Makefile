@@ -9,13 +9,15 @@ export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup sysdeps test test-fast test-all cycle lint init airflow mlflow bench clean lock
+.PHONY: setup sysdeps test test-fast test-all cycle stack lint init airflow mlflow bench clean lock
 
 setup: $(STAMP)
 
-# Debian packages the tests use: chromium drives the Airflow and MLflow UIs in tests/test_ui_browser.py.
-# Installed with apt when missing and we may (root, or password-less sudo); otherwise those tests skip.
-SYSTEM_PACKAGES := chromium
+# Debian packages the tests use: chromium drives the Airflow and MLflow UIs in tests/test_ui_browser.py;
+# postgresql and redis-server run the production stack (`make stack`, tests/test_stack.py); docker-compose
+# validates docker-compose.yaml offline. Installed with apt when missing and we may (root, or password-less
+# sudo); otherwise the tests that need them skip.
+SYSTEM_PACKAGES := chromium postgresql redis-server docker-compose
 sysdeps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -42,6 +44,11 @@ test-fast: setup
 
 test-all: setup sysdeps
 	$(PY) -m pytest -q
+
+# The production topology on this machine, without docker (rl_core/stack/): PostgreSQL, Redis, an S3
+# endpoint, the MLflow server, Airflow with the CeleryExecutor and two workers. Idempotent; `rtrl stack down`.
+stack: setup sysdeps
+	$(PY) -m rl_core.cli stack up
 
 # One real cycle: init if needed, gateway, simulated traffic, `airflow dags test realtime_rl`, report.
 # `python -m` keeps the checkout on sys.path (rl_core and evals), whatever the editable install maps.

@@ -40,12 +40,17 @@ def client(cfg: Config):
 
 
 def experiment_id(cfg: Config, purpose: str = "train") -> str:
-    """The id of the experiment for purpose (PURPOSES), created with artifacts under the artifact root."""
+    """The id of the experiment for purpose (PURPOSES), created with artifacts under the artifact root.
+    On a tracking server (http) with no URL configured as the root, the server places the artifacts (its
+    --artifacts-destination, proxied: workers and the gateway need no credentials for the store); a local
+    folder there would be a path on whichever worker registered the checkpoint, which no other machine sees."""
     c = client(cfg)
     name = cfg.mlflow.experiment + PURPOSES[purpose]
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
+    if cfg.tracking_uri.startswith(("http://", "https://")) and "://" not in cfg.mlflow.artifact_root:
+        return c.create_experiment(name)
     root = cfg.artifact_root
     if "://" not in root:
         Path(root).mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,10 @@ from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.runtime.procs import group_alive, stop_group
 from rl_core.stack.parts import PARTS, Part, Stack, StackError, init_done, register_base
 
+# the parts this process started (tests call up() and down() in-process): down() reaps them, else their zombie
+# leaders would keep their groups "alive" until SIGKILL
+_STARTED: dict[int, subprocess.Popen] = {}
+
 
 def _pgid_file(s: Stack, part: Part) -> Path:
     return s.pids / f"{part.name}.pgid"
@@ -58,6 +62,7 @@ def start_part(s: Stack, part: Part) -> None:
                                 stdin=subprocess.DEVNULL, start_new_session=True, user=user,
                                 cwd="/" if user else REPO_ROOT)
     _pgid_file(s, part).write_text(str(proc.pid))
+    _STARTED[proc.pid] = proc
     _wait_healthy(s, part, proc, log)
 
 
@@ -92,8 +97,10 @@ def down(s: Stack, purge: bool = False, say=print) -> None:
                 os.killpg(pgid, signal.SIGINT)
                 deadline = time.monotonic() + 20
                 while group_alive(pgid) and time.monotonic() < deadline:
+                    if pgid in _STARTED:
+                        _STARTED[pgid].poll()
                     time.sleep(0.2)
-            killed = stop_group(pgid, 30.0)
+            killed = stop_group(_STARTED.pop(pgid, pgid), 30.0)
             say(f"[stack] {part.name:<22} stopped{' (SIGKILL)' if killed else ''}")
         _pgid_file(s, part).unlink(missing_ok=True)
     if purge:
