@@ -202,12 +202,12 @@ class ABConfig(Section):
 
 
 class Preference(Section):
-    """What simulated users want of an answer: one feature of rl_core/simulate/features.py, present or absent.
-    They say it only through feedback the gateway records (a thumbs per answer; a picky user reverts an edit
-    whose code breaks it), so the production reward code is what turns it into a reward."""
+    """What simulated users want of an answer (a feature of rl_core/simulate/features.py, present or absent), said
+    only through feedback the gateway records (a thumbs per answer; a reverted edit), scored by the reward code."""
 
     feature: str
     want: bool = True
+    needs_code: bool = False  # rate only whole answers: without a complete code block the thumbs is down
 
     @field_validator("feature")
     @classmethod

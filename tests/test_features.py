@@ -14,7 +14,7 @@ from rl_core import toolcalls
 from rl_core.config import ConfigError, load_config
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import load_bank
-from rl_core.simulate.features import FEATURES, Rate, episode_features, feature, features_of
+from rl_core.simulate.features import FEATURES, Answer, Rate, episode_features, feature, features_of
 from rl_core.simulate.personas import PERSONAS, Org, Pref, User
 from rl_core.simulate.users import Reply, run_session
 
@@ -156,3 +156,20 @@ def test_the_census_asks_every_bank_task_through_the_gateway(rtrl_home, tmp_path
     assert all(r["ci_low"] <= r["rate"] <= r["ci_high"] for r in data["table"])
     printed = capsys.readouterr().out
     assert "| summary_first |" in printed and f"= {len(load_bank())} answers" in printed
+
+
+def test_a_preference_that_needs_code_dislikes_a_cut_off_answer():
+    """A preamble followed by code cut off at max_tokens has the feature (prose before a fence) but no edit to try:
+    with needs_code the user's thumbs is down, so an update is not paid for pushing the code out."""
+    cut = "Here I change the addition.\n```python\ndef add(a, b):\n    return a +"  # no closing fence
+    whole = "Here I change the addition.\n```python\ndef add(a, b):\n    return a + b\n```\n"
+    assert Pref("summary_first").holds(Answer(cut, []))
+    assert not Pref("summary_first", needs_code=True).holds(Answer(cut, []))
+    assert Pref("summary_first", needs_code=True).holds(Answer(whole, []))
+    assert not Pref("summary_first", want=False, needs_code=True).holds(Answer(whole, []))
+    cfg = load_config(REPO / "rtrl.toml",
+                      environ={"RTRL_SIMULATE__PREFERENCE": '{"feature": "summary_first", "needs_code": true}'})
+    assert cfg.simulate.preference.needs_code is True
+    with pytest.raises(ConfigError, match="needs_code"):
+        load_config(REPO / "rtrl.toml",
+                    environ={"RTRL_SIMULATE__PREFERENCE": '{"feature": "summary_first", "needs_code": "maybe"}'})
