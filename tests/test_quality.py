@@ -99,6 +99,17 @@ def test_gate_episodes_refuses_wrong_version_and_thin_or_skewed_data(cfg):
         assert text in msg
 
 
+def test_gate_episodes_of_an_org_adapter_refuses_another_orgs_rows(cfg):
+    generate(400, START, END, seed=11, lake=Lake(cfg.lake_root))
+    harvest(cfg, START, END, 2, "run-o", org_id="org-acme")
+    cfg.gates.min_episodes = 1
+    assert gate_episodes(cfg, "run-o").passed  # one org by construction: the org-share check does not apply
+    rewrite(cfg, "run-o", "episodes", lambda t: set_col(t, "org_id", ["org-globex"] + t["org_id"].to_pylist()[1:]))
+    with pytest.raises(GateFailed) as err:
+        gate_episodes(cfg, "run-o")
+    assert "only the adapter's own organisation" in str(err.value) and "1 of" in str(err.value)
+
+
 def test_gate_episodes_schema_problem_is_named(cfg):
     pipeline(cfg, run_id="run-s")
     rewrite(cfg, "run-s", "episodes", lambda t: t.drop_columns(["completion_logprobs"]))
