@@ -344,7 +344,9 @@ def init_done(s: Stack) -> bool:
         from mlflow import MlflowClient
 
         cfg = load_config(environ={**os.environ, **s.env()})
-        return bool(MlflowClient(s.mlflow_url).search_model_versions(f"name='{cfg.mlflow.model_name}'"))
+        # the registry named too: MlflowClient otherwise takes the process-wide one (mlflow.set_registry_uri)
+        c = MlflowClient(tracking_uri=s.mlflow_url, registry_uri=s.mlflow_url)
+        return bool(c.search_model_versions(f"name='{cfg.mlflow.model_name}'"))
     except Exception:  # noqa: BLE001  a server that does not answer is "not done"
         return False
 
