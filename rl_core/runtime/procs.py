@@ -55,12 +55,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """argv in a new session (its own process group), output appended to log."""
+def start(argv: list[str], env: dict[str, str], log: Path, user: str | None = None) -> subprocess.Popen:
+    """argv in a new session (its own process group), output appended to log; user: run as this user (root only;
+    it starts in / since the checkout may be out of its reach)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=REPO_ROOT)
+                                start_new_session=True, cwd="/" if user else REPO_ROOT, user=user)
 
 
 def group_alive(pgid: int) -> bool:
@@ -122,18 +123,23 @@ def stop(proc: subprocess.Popen | None, grace_s: float = 20.0) -> None:
     stop_group(proc, grace_s)
 
 
+def answers(url: str, timeout_s: float = 5.0) -> bool:
+    """Does url answer with anything but a server error?"""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status < 500
+    except OSError:
+        return False
+
+
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = log.read_text()[-3000:] if log and log.exists() else ""
             raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status < 500:
-                    return
-        except OSError:
-            pass
+        if answers(url):
+            return
         time.sleep(1.0)
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
 

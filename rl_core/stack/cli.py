@@ -15,8 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from rl_core.config import REPO_ROOT, Config, load_config
-from rl_core.runtime.procs import group_alive, stop_group
+from rl_core.config import Config, load_config
+from rl_core.runtime.procs import group_alive, start, stop_group
 from rl_core.stack.parts import PARTS, Part, Stack, StackError, init_done, register_base
 
 # the parts this process started (tests call up() and down() in-process): down() reaps them, else their zombie
@@ -54,13 +54,8 @@ def _wait_healthy(s: Stack, part: Part, proc: subprocess.Popen | None, log: Path
 def start_part(s: Stack, part: Part) -> None:
     part.prepare(s)
     log = s.logs / f"{part.name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     s.pids.mkdir(parents=True, exist_ok=True)
-    user = part.user()
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(part.argv(s), env=part.env(s), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, user=user,
-                                cwd="/" if user else REPO_ROOT)
+    proc = start(part.argv(s), part.env(s), log, user=part.user())
     _pgid_file(s, part).write_text(str(proc.pid))
     _STARTED[proc.pid] = proc
     _wait_healthy(s, part, proc, log)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import glob
+import hashlib
 import json
 import os
 import pwd
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl_core.config import REPO_ROOT, Config, load_config
+from rl_core.cycle import airflow_env, bin_path
+from rl_core.runtime.procs import answers
 
 LAKE_BUCKET, MLFLOW_BUCKET = "rtrl-lake", "rtrl-mlflow"
 DB_USER = "rtrl"
@@ -128,8 +131,6 @@ class Stack:
         return json.loads(path.read_text())
 
     def airflow_env(self) -> dict[str, str]:
-        from rl_core.cycle import airflow_env
-
         cfg = load_config(environ={**os.environ, **self.env()})
         s = self.secrets()
         return airflow_env(cfg, **self.env(), **{
@@ -163,18 +164,6 @@ class Part:
     start_s: float = 120.0  # how long the health check may take after the start
 
 
-def _bin(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as r:
-            return r.status < 500
-    except OSError:
-        return False
-
-
 def _pg_bin(name: str) -> str:
     """A PostgreSQL server binary: Debian's newest /usr/lib/postgresql/<v>/bin, else PATH."""
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=lambda p: int(p.split("/")[4]))
@@ -206,7 +195,7 @@ def _pg_data(s: Stack) -> Path:
     reachable = all(os.stat(p).st_mode & 0o001 for p in [*reversed(data.parent.parents), data.parent])
     if reachable:
         return data
-    outside = Path("/var/lib/postgresql") / f"rtrl-stack-{abs(hash(str(s.root.resolve())))}"
+    outside = Path("/var/lib/postgresql") / f"rtrl-stack-{hashlib.sha256(str(s.root.resolve()).encode()).hexdigest()[:12]}"
     outside.mkdir(parents=True, exist_ok=True)
     data.symlink_to(outside)
     return outside
@@ -282,7 +271,7 @@ def _s3_ready(s: Stack) -> None:
 
 
 def _mlflow_argv(s: Stack) -> list[str]:
-    return [_bin("mlflow"), "server", "--backend-store-uri", s.db_url("mlflow"),
+    return [bin_path("mlflow"), "server", "--backend-store-uri", s.db_url("mlflow"),
             "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts", "--serve-artifacts",
             "--host", "127.0.0.1", "--port", str(s.ports.mlflow), "--workers", "2"]
 
@@ -299,7 +288,7 @@ def _airflow_prepare(s: Stack) -> None:
     s.airflow_home.mkdir(parents=True, exist_ok=True)
     for argv in (["db", "migrate"], ["pools", "set", cfg.airflow.training_pool, str(cfg.airflow.training_pool_slots),
                                      "GPU/CPU-heavy rtrl tasks: training and eval"]):
-        done = subprocess.run([_bin("airflow"), *argv], env=env, capture_output=True, text=True, cwd=REPO_ROOT)
+        done = subprocess.run([bin_path("airflow"), *argv], env=env, capture_output=True, text=True, cwd=REPO_ROOT)
         if done.returncode != 0:
             raise StackError(f"airflow {' '.join(argv)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
@@ -317,7 +306,7 @@ def _component_healthy(component: str) -> Callable[[Stack], bool]:
 
 
 def _worker_argv(i: int) -> Callable[[Stack], list[str]]:
-    return lambda s: [_bin("airflow"), "celery", "worker", "--celery-hostname", f"{WORKERS[i]}@%h",
+    return lambda s: [bin_path("airflow"), "celery", "worker", "--celery-hostname", f"{WORKERS[i]}@%h",
                       "--pid", str(s.pids / f"{WORKERS[i]}.celery.pid"), "--concurrency", "2"]
 
 
@@ -352,7 +341,7 @@ def init_done(s: Stack) -> bool:
 
 
 def register_base(s: Stack) -> None:
-    done = subprocess.run([_bin("rtrl"), "init", "--no-check"], env={**os.environ, **s.env()}, cwd=REPO_ROOT,
+    done = subprocess.run([bin_path("rtrl"), "init", "--no-check"], env={**os.environ, **s.env()}, cwd=REPO_ROOT,
                           capture_output=True, text=True)
     (s.logs / "init.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -363,15 +352,15 @@ PARTS: tuple[Part, ...] = (
     Part("postgres", _pg_argv, _pg_healthy, prepare=_pg_prepare, ready=_pg_ready, user=_pg_user),
     Part("redis", _redis_argv, _redis_healthy),
     Part("s3", lambda s: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s.ports.s3)],
-         lambda s: _http_ok(f"{s.s3_url}/moto-api/"), ready=_s3_ready),
-    Part("mlflow", _mlflow_argv, lambda s: _http_ok(f"{s.mlflow_url}/health"), env=_mlflow_env, start_s=180),
-    Part("airflow-apiserver", lambda s: [_bin("airflow"), "api-server", "--port", str(s.ports.airflow)],
+         lambda s: answers(f"{s.s3_url}/moto-api/"), ready=_s3_ready),
+    Part("mlflow", _mlflow_argv, lambda s: answers(f"{s.mlflow_url}/health"), env=_mlflow_env, start_s=180),
+    Part("airflow-apiserver", lambda s: [bin_path("airflow"), "api-server", "--port", str(s.ports.airflow)],
          lambda s: _component_healthy("metadatabase")(s), env=Stack.airflow_env, prepare=_airflow_prepare, start_s=240),
-    Part("airflow-scheduler", lambda s: [_bin("airflow"), "scheduler"], _component_healthy("scheduler"),
+    Part("airflow-scheduler", lambda s: [bin_path("airflow"), "scheduler"], _component_healthy("scheduler"),
          env=Stack.airflow_env, start_s=180),
-    Part("airflow-dag-processor", lambda s: [_bin("airflow"), "dag-processor"], _component_healthy("dag_processor"),
+    Part("airflow-dag-processor", lambda s: [bin_path("airflow"), "dag-processor"], _component_healthy("dag_processor"),
          env=Stack.airflow_env, start_s=180),
-    Part("airflow-triggerer", lambda s: [_bin("airflow"), "triggerer"], _component_healthy("triggerer"),
+    Part("airflow-triggerer", lambda s: [bin_path("airflow"), "triggerer"], _component_healthy("triggerer"),
          env=Stack.airflow_env, start_s=180),
     *(Part(f"airflow-{w}", _worker_argv(i), lambda s, w=w: worker_healthy(s, w), env=_worker_env(i), start_s=180)
       for i, w in enumerate(WORKERS)),
