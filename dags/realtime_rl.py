@@ -8,13 +8,16 @@ create`) runs the grid windows inside its range, and a manual run may name its o
 under `runs/<run_id>/` (every stage is idempotent). The `window` task's return value shows the rtrl run id
 beside the Airflow run id.
 
-Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (harvest, gate_raw,
-gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate -> promote (register, gate_promotion,
-deploy). The live challenger is judged first: the hacking monitors on every turn the window served, then,
-only if they pass, the A/B verdict (a version that games the reward must not win on a metric the hack
-inflates); `rollback` takes a tripped challenger off traffic. A failing gate fails its task without retry
-(its log's first line says why); everything downstream ends `upstream_failed` and no other alias moves. A window with nothing to train on (no traffic, or only episodes the policy's lineage already
-trained on: the ledger, rl_core/ledger.py) skips at `harvest` with the reason, and the rest ends `skipped`.
+Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (plan, part mapped over the
+window's parts, harvest, gate_raw, gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate ->
+promote (register, gate_promotion, deploy). With `[harvest] map_hours` set, `part` maps over the window's
+hours on as many workers and `harvest` merges them (the same episodes as one task). The live challenger is
+judged first: the hacking monitors on every turn the window served, then, only if they pass, the A/B verdict
+(a version that games the reward must not win on a metric the hack inflates); `rollback` takes a tripped
+challenger off traffic. A failing gate fails its task without retry (its log's first line says why);
+everything downstream ends `upstream_failed` and no other alias moves. A window with nothing to train on (no
+traffic, or only episodes the policy's lineage already trained on: the ledger, rl_core/ledger.py) skips at
+`harvest` with the reason, and the rest ends `skipped`.
 `dry_run` computes everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
 
 This file holds no business logic: every task calls rl_core (design.md, "the cycle contract").
@@ -23,7 +26,7 @@ This file holds no business logic: every task calls rl_core (design.md, "the cyc
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import Asset, Param, TaskGroup, dag, get_current_context, task
@@ -37,6 +40,7 @@ except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configu
     from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
+from rl_core.pipeline import check_dag
 from rl_core.window import SCHEDULE_ANCHOR, Window
 
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
@@ -69,7 +73,7 @@ def window() -> dict:
     # return value) and on the MLflow version and training run (tags airflow.run_id, run_id) at register.
     print(f"rtrl run {w.run_id}: window [{w.start.isoformat()}, {w.end.isoformat()}) of Airflow run {ctx['run_id']}")
     return w.to_xcom(dry_run=bool(ctx["params"].get("dry_run")), policy_version=ctx["params"].get("policy_version"),
-                     airflow_run_id=ctx["run_id"])
+                     map_hours=ctx["params"].get("map_hours"), airflow_run_id=ctx["run_id"])
 
 
 @task(**IO_RETRIES, doc_md="Harvest and score every turn the window served, by every version (`<run_id>-served`): "
@@ -121,30 +125,62 @@ def ab_verdict(w: dict) -> dict:
     return {"action": str(action), "decision": result.decision}
 
 
-@task(**IO_RETRIES, outlets=[EPISODES], multiple_outputs=True,
-      doc_md="Episodes of the policy version in the window, feedback joined, less those its lineage already "
-             "trained on (the ledger). Skips the rest of the cycle, with the reason, when there is nothing new.")
-def harvest(w: dict, _ab: dict) -> dict:
-    from airflow.sdk.exceptions import AirflowSkipException
-
-    from rl_core.harvest import harvest as run_harvest
-    from rl_core.ledger import lineage_of
+@task(**IO_RETRIES,
+      doc_md="The policy version to update (the `policy_version` param, else the champion) and the window's parts "
+             "for the mapped harvest: one per `map_hours` hours (the param, else `[harvest] map_hours`), or the "
+             "whole window when it is 0.")
+def plan(w: dict, _ab: dict) -> list[dict]:
+    from rl_core.harvest import plan_parts
     from rl_core.registry.store import version_for_alias
 
     cfg = load_config()
-    champion = version_for_alias(cfg, "champion")
-    policy = w["policy_version"] or champion
+    policy = w["policy_version"] or version_for_alias(cfg, "champion")
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
     win = Window.from_xcom(w)
-    r = run_harvest(cfg, win.start, win.end, int(policy), win.run_id,
-                    lineage=lineage_of(cfg, int(policy)))
+    parts = plan_parts(win.start, win.end, cfg.harvest.map_hours if w.get("map_hours") is None else w["map_hours"],
+                       cfg.harvest.granularity)
+    print(f"policy v{policy}; {len(parts)} part(s) of [{win.start.isoformat()}, {win.end.isoformat()})")
+    return [{**w, "policy_version": int(policy), "part": [a.isoformat(), b.isoformat()]} for a, b in parts]
+
+
+@task(**IO_RETRIES, map_index_template="{{ part_label }}",
+      doc_md="Harvest one part of the window (its own hour partitions of the lake, the window's feedback), on "
+             "whichever worker takes it; a window planned as one part is written in place.")
+def part(job: dict) -> dict:
+    from dataclasses import asdict
+
+    from rl_core.harvest import harvest as run_harvest
+    from rl_core.ledger import lineage_of
+
+    cfg = load_config()
+    win, policy = Window.from_xcom(job), int(job["policy_version"])
+    lo, hi = (datetime.fromisoformat(ts) for ts in job["part"])  # plan's own ISO stamps, UTC
+    get_current_context()["part_label"] = f"{lo:%H:%M}-{hi:%H:%M}"  # type: ignore[typeddict-unknown-key]
+    whole = (lo, hi) == (win.start, win.end)
+    r = run_harvest(cfg, win.start, win.end, policy, win.run_id, lineage=lineage_of(cfg, policy),
+                    part=None if whole else (lo, hi))
+    print(f"part [{lo.isoformat()}, {hi.isoformat()}): {r.n_episodes} episodes of {r.n_interactions} interactions")
+    return asdict(r)
+
+
+@task(**IO_RETRIES, outlets=[EPISODES], multiple_outputs=True,
+      doc_md="Episodes of the policy version in the window, feedback joined, less those its lineage already "
+             "trained on (the ledger): the parts merged in time order. Skips the rest of the cycle, with the "
+             "reason, when there is nothing new.")
+def harvest(w: dict, parts: list[dict]) -> dict:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from rl_core.harvest import HarvestResult, merge_parts
+
+    win = Window.from_xcom(w)
+    r = merge_parts(load_config(), win.start, win.end, win.run_id, [HarvestResult(**p) for p in parts])
     reason = r.skip_reason()
     if reason:  # skipped, not failed: an empty or already-trained window is not an error
         print(f"SKIPPED: {reason}\nharvest: {r}")
         raise AirflowSkipException(reason)
     print(f"harvest: {r}")
-    return {**w, "policy_version": int(policy), "episodes": int(r.n_episodes)}
+    return {**w, "policy_version": r.policy_version, "episodes": int(r.n_episodes)}
 
 
 @task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
@@ -208,6 +244,8 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
         "end": Param(None, type=["null", "string"], format="date-time", description="manual window end (UTC ISO)"),
         "policy_version": Param(None, type=["null", "integer"], minimum=1, description="version to update (default: champion)"),
         "dry_run": Param(False, type="boolean", description="compute everything, move no alias, register nothing"),
+        "map_hours": Param(None, type=["null", "integer"], minimum=0,
+                           description="harvest in parts of this many hours, one task each (default: [harvest] map_hours)"),
     },
 )
 def realtime_rl():
@@ -222,7 +260,8 @@ def realtime_rl():
         sv >> mon >> rb
         [mon, rb] >> ab  # no A/B verdict is applied when the monitors refused
     with TaskGroup("harvest", tooltip="episodes + data-quality gates"):
-        hw = harvest(w, ab)
+        parts = part.expand(job=plan(w, ab))  # one mapped task per part of the window
+        hw = harvest(w, parts)
         g_raw = DataQualityGateOperator(task_id="gate_raw", check="gate_raw", window=hw,
                                         doc_md="GX suite on the window's raw events; fails with the report.")
         g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw,
@@ -248,4 +287,4 @@ def realtime_rl():
         deploy(hw, version, gate.output)
 
 
-realtime_rl()
+check_dag(realtime_rl())  # the tasks above are rl_core.pipeline.CYCLE, in its order: a drift fails the import

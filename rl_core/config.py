@@ -107,6 +107,13 @@ class HarvestConfig(Section):
     # DuckDB's memory for harvest, rewards and the gates; beyond it sorts and joins spill to disk. A million
     # interactions need ~3 GB: at 1.5 GB the harvest spilled 3.5 GB and took 2.3x longer (bench/harvest_rewards.py)
     duckdb_memory_limit: str = Field("4GB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
+    map_hours: int = Field(0, ge=0)  # harvest in parts of this many hours, a mapped DAG task each (0: one task)
+
+    @model_validator(mode="after")
+    def _parts_keep_sessions(self) -> HarvestConfig:  # a session's outcome spans turns an hour's cut would split
+        if self.map_hours and self.granularity == "session":
+            raise ValueError(f"harvest.map_hours = {self.map_hours} needs harvest.granularity = 'turn'")
+        return self
 
 
 class RewardsConfig(Section):
@@ -303,16 +310,11 @@ class Config(Section):
 # --- loading ----------------------------------------------------------------------------------------
 
 def find_config_file() -> Path | None:
-    explicit = os.environ.get("RTRL_CONFIG")
-    if explicit:
-        p = Path(explicit)
-        if not p.is_file():
+    if explicit := os.environ.get("RTRL_CONFIG"):
+        if not Path(explicit).is_file():
             raise ConfigError(f"RTRL_CONFIG={explicit}: no such file")
-        return p
-    for candidate in (Path.cwd() / "rtrl.toml", REPO_ROOT / "rtrl.toml"):
-        if candidate.is_file():
-            return candidate
-    return None
+        return Path(explicit)
+    return next((c for c in (Path.cwd() / "rtrl.toml", REPO_ROOT / "rtrl.toml") if c.is_file()), None)
 
 
 def _deep_merge(base: dict, over: dict, sources: dict, origin: str, prefix: str = "") -> dict:
@@ -332,8 +334,7 @@ def _env_overrides(environ: dict[str, str], sources: dict) -> dict:
     for name, raw in environ.items():
         if not name.startswith("RTRL_") or "__" not in name:
             continue
-        section, _, key = name[len("RTRL_"):].partition("__")
-        section, key = section.lower(), key.lower()
+        section, _, key = name[len("RTRL_"):].lower().partition("__")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:

@@ -146,13 +146,59 @@ def _episode_batches(lake: Lake, joined: pa.Table, paths: dict[str, str]):
 
 # --- the stage ----------------------------------------------------------------------------------------
 
-def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
-            org_id: str | None = None, lineage: Lineage | None = None) -> HarvestResult:
-    """Write runs/<run_id>/episodes.parquet (+ harvest.json) for interactions in [start, end)
-    (of org_id only, when given), leaving out opted-out orgs and forgotten orgs/users, and (given the policy's
-    lineage) episodes other runs of that lineage already trained on."""
+def plan_parts(start: datetime, end: datetime, hours: int,
+               granularity: str = "turn") -> list[tuple[datetime, datetime]]:
+    """The window cut at hour boundaries into parts of `hours` hours (the first and last may be shorter);
+    hours 0: one part, the whole window. A part owns whole hour partitions of the lake, so harvesting the
+    parts and concatenating them in order (merge_parts) gives the window's harvest row for row. Turn
+    granularity only: a session's outcome is summed over its turns, which a cut would split."""
+    start, end = utc(start, "start"), utc(end, "end")
+    if not isinstance(hours, int) or isinstance(hours, bool) or hours < 0:
+        raise ValueError(f"map_hours must be an integer >= 0, got {hours!r}")
+    if hours and granularity != "turn":
+        raise ValueError(f"map_hours = {hours} needs harvest.granularity = 'turn', not {granularity!r}: a "
+                         "session's outcome is summed over its turns, which parts cut at hours would split")
+    if hours == 0 or end <= start:
+        return [(start, end)]
+    cuts, t = [start], start.replace(minute=0, second=0, microsecond=0) + timedelta(hours=hours)
+    while t < end:
+        cuts.append(t)
+        t += timedelta(hours=hours)
+    return list(zip(cuts, [*cuts[1:], end], strict=True))
+
+
+def _select(cfg: Config, lake: Lake, ifiles: list[str], ffiles: list[str], counts: dict,
+            grace_end: datetime, lineage: Lineage | None) -> tuple[pa.Table, tuple[int, int, int], list[dict], int]:
+    """sql/harvest.sql over the bound files: the episodes' places in the lake and what the join adds, the
+    window's counts (all, excluded, consumed), who consumed what, and the number of exclusion rules."""
     from rl_core.ledger import bind_consumed  # the ledger reads the lake through this module's helpers
 
+    hc = cfg.harvest
+    params = counts | {"grace_end": grace_end, "granularity": hc.granularity, "discount": hc.session_discount}
+    con = connect(lake, memory_limit=hc.duckdb_memory_limit)
+    try:
+        bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA, located=True)
+        bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
+        excluded = excluded_table(cfg, lake)
+        con.register("excluded", excluded)
+        bind_consumed(con, lake, lineage)
+        n = con.execute(load_sql("harvest_counts.sql"), counts).fetchall()[0]
+        consumed_by = [{"run_id": r, "version": int(v), "n": int(k)} for r, v, k in con.execute(
+            load_sql("ledger/consumed_in_window.sql"), counts).fetchall()] if n[2] else []
+        joined = con.sql(load_sql("harvest.sql"), params=params).to_arrow_table()
+    finally:
+        con.close()
+    return joined, (int(n[0]), int(n[1]), int(n[2])), consumed_by, excluded.num_rows
+
+
+def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
+            org_id: str | None = None, lineage: Lineage | None = None,
+            part: tuple[datetime, datetime] | None = None) -> HarvestResult:
+    """Write runs/<run_id>/episodes.parquet (+ harvest.json) for interactions in [start, end)
+    (of org_id only, when given), leaving out opted-out orgs and forgotten orgs/users, and (given the policy's
+    lineage) episodes other runs of that lineage already trained on.
+    part=(s, e), a part of the window from plan_parts: only its interactions, joined with the window's
+    feedback (until end + grace), written to runs/<run_id>/parts/ without a manifest, for merge_parts."""
     start, end = utc(start, "start"), utc(end, "end")
     if org_id is not None and (not isinstance(org_id, str) or not org_id.strip()):
         raise ValueError(f"org_id must be a non-empty string or None, got {org_id!r}")
@@ -160,44 +206,85 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
         raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
     if not isinstance(policy_version, int) or isinstance(policy_version, bool) or policy_version < 1:
         raise ValueError(f"policy_version must be an integer >= 1, got {policy_version!r}")
+    lo, hi = (start, end) if part is None else (utc(part[0], "part start"), utc(part[1], "part end"))
+    if not start <= lo < hi <= end:
+        raise ValueError(f"part [{lo.isoformat()}, {hi.isoformat()}) is not inside the window "
+                         f"[{start.isoformat()}, {end.isoformat()})")
     hc = cfg.harvest
     lake = Lake(cfg.lake_root)
     run = lake.run(run_id)  # validates run_id before anything is read or written
     grace_end = end + timedelta(hours=hc.grace_hours)
-    ifiles = lake.list_window("interactions", start, end)
+    ifiles = lake.list_window("interactions", lo, hi)
     ffiles = lake.list_window("feedback", start, grace_end)
-
-    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
-    try:
-        bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA, located=True)
-        bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
-        excluded = excluded_table(cfg, lake)
-        con.register("excluded", excluded)
-        bind_consumed(con, lake, lineage)
-        counts = {"start": start, "end": end, "org_id": org_id, "policy_version": policy_version,
-                  "max_staleness": hc.max_staleness, "run_id": run_id}
-        params = counts | {"grace_end": grace_end, "granularity": hc.granularity, "discount": hc.session_discount}
-        n_window, n_excluded, n_consumed = con.execute(load_sql("harvest_counts.sql"), counts).fetchall()[0]
-        consumed_by = [{"run_id": r, "version": int(v), "n": int(n)} for r, v, n in con.execute(
-            load_sql("ledger/consumed_in_window.sql"), counts).fetchall()] if n_consumed else []
-        joined = con.sql(load_sql("harvest.sql"), params=params).to_arrow_table()
-    finally:
-        con.close()
+    counts = {"start": lo, "end": hi, "org_id": org_id, "policy_version": policy_version,
+              "max_staleness": hc.max_staleness, "run_id": run_id}
+    joined, (n_window, n_excluded, n_consumed), consumed_by, n_rules = _select(
+        cfg, lake, ifiles, ffiles, counts, grace_end, lineage)
     batches = _episode_batches(lake, joined, dict(zip(file_urls(lake, ifiles), ifiles, strict=True)))
-    path, n_rows, n_fb = write_stream(lake, episodes_path(lake, run_id), batches, EPISODES_SCHEMA)
+    out = run.episodes if part is None else run.part(lo)
+    path, n_rows, n_fb = write_stream(lake, out, batches, EPISODES_SCHEMA)
     result = HarvestResult(
-        run_id=run_id, path=path, start=start.isoformat(), end=end.isoformat(), policy_version=policy_version,
-        granularity=hc.granularity, n_interactions=int(n_window), n_episodes=n_rows,
-        n_stale=int(n_window) - n_rows - int(n_excluded) - int(n_consumed), n_with_feedback=n_fb,
-        n_interaction_files=len(ifiles), n_feedback_files=len(ffiles), n_excluded=int(n_excluded), org_id=org_id,
-        n_consumed=int(n_consumed), lineage=None if lineage is None else str(lineage), consumed_by=consumed_by,
+        run_id=run_id, path=path, start=lo.isoformat(), end=hi.isoformat(), policy_version=policy_version,
+        granularity=hc.granularity, n_interactions=n_window, n_episodes=n_rows,
+        n_stale=n_window - n_rows - n_excluded - n_consumed, n_with_feedback=n_fb,
+        n_interaction_files=len(ifiles), n_feedback_files=len(ffiles), n_excluded=n_excluded, org_id=org_id,
+        n_consumed=n_consumed, lineage=None if lineage is None else str(lineage), consumed_by=consumed_by,
     )
-    manifest = asdict(result) | {"path": episodes_path(lake, run_id), "max_staleness": hc.max_staleness,
-                                  "grace_hours": hc.grace_hours, "session_discount": hc.session_discount,
-                                  "opt_out_orgs": sorted(hc.opt_out_orgs),
-                                  "excluded_rules": excluded.num_rows}  # counts only: no forgotten user ids here
-    lake.write_json(run.manifest, manifest)
+    if part is None:
+        _write_manifest(cfg, lake, result, n_rules)
     return result
+
+
+def merge_parts(cfg: Config, start: datetime, end: datetime, run_id: str,
+                parts: list[HarvestResult]) -> HarvestResult:
+    """The window's harvest from its parts (the mapped harvest tasks' results, in any order): their files
+    concatenated in time order into runs/<run_id>/episodes.parquet, streamed, and their counts summed into
+    harvest.json. The same rows in the same order as one harvest of the window (tests/test_harvest_parts.py).
+    A window harvested as one part was written in place: it is returned as it is."""
+    start, end = utc(start, "start"), utc(end, "end")
+    lake = Lake(cfg.lake_root)
+    run = lake.run(run_id)
+    parts = sorted(parts, key=lambda r: r.start)
+    bounds = [(datetime.fromisoformat(r.start), datetime.fromisoformat(r.end)) for r in parts]
+    tiled = all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    if not bounds or not tiled or bounds[0][0] != start or bounds[-1][1] != end:
+        raise ValueError(f"parts {[(a.isoformat(), b.isoformat()) for a, b in bounds]} do not tile the window "
+                         f"[{start.isoformat()}, {end.isoformat()})")
+    if {(r.run_id, r.policy_version, r.org_id, r.lineage) for r in parts} != \
+            {(run_id, parts[0].policy_version, parts[0].org_id, parts[0].lineage)}:
+        raise ValueError(f"parts of different runs, policies, orgs or lineages cannot merge into {run_id}")
+    if len(parts) == 1 and parts[0].path == lake.path(run.episodes):
+        return parts[0]
+
+    def batches():
+        for r in parts:
+            with lake.fs.open(r.path, "rb") as f:
+                yield from pq.ParquetFile(f).iter_batches(batch_size=BATCH_ROWS)
+
+    path, n_rows, n_fb = write_stream(lake, run.episodes, batches(), EPISODES_SCHEMA)
+    consumed: dict[tuple[str, int], int] = {}
+    for r in parts:
+        for c in r.consumed_by:
+            consumed[(c["run_id"], c["version"])] = consumed.get((c["run_id"], c["version"]), 0) + c["n"]
+    total = {k: sum(getattr(r, k) for r in parts) for k in (
+        "n_interactions", "n_stale", "n_excluded", "n_consumed", "n_interaction_files")}
+    result = HarvestResult(
+        run_id=run_id, path=path, start=start.isoformat(), end=end.isoformat(),
+        policy_version=parts[0].policy_version, granularity=parts[0].granularity, n_episodes=n_rows,
+        n_with_feedback=n_fb, n_feedback_files=max(r.n_feedback_files for r in parts), org_id=parts[0].org_id,
+        lineage=parts[0].lineage, consumed_by=[{"run_id": k[0], "version": k[1], "n": n}
+                                               for k, n in sorted(consumed.items())], **total)
+    _write_manifest(cfg, lake, result, len(excluded_table(cfg, lake)), n_parts=len(parts))
+    return result
+
+
+def _write_manifest(cfg: Config, lake: Lake, result: HarvestResult, n_rules: int, n_parts: int = 1) -> None:
+    hc = cfg.harvest
+    manifest = asdict(result) | {"path": lake.run(result.run_id).episodes, "max_staleness": hc.max_staleness,
+                                 "grace_hours": hc.grace_hours, "session_discount": hc.session_discount,
+                                 "opt_out_orgs": sorted(hc.opt_out_orgs), "parts": n_parts,
+                                 "excluded_rules": n_rules}  # counts only: no forgotten user ids here
+    lake.write_json(lake.run(result.run_id).manifest, manifest)
 
 
 def read_manifest(lake: Lake, run_id: str) -> dict | None:

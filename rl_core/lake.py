@@ -29,9 +29,10 @@ RAW_TABLES = ("interactions", "feedback")
 class RunDir:
     """One run's folder in the lake, runs/<run_id>/: every stage's files by name, spelled here once.
 
-    episodes.parquet (harvest), harvest.json (its manifest), rewards.parquet (rewards), quality/ (the GX
-    reports), monitors.json, train/summary.json (the trainer), eval/ (the paired eval), eval_org/ (an org's
-    tasks), verdicts/<name>.json (every check), adapter.json (an org adapter's registration)."""
+    episodes.parquet (harvest), harvest.json (its manifest), parts/ (a harvest mapped over parts of the
+    window), rewards.parquet (rewards), quality/ (the GX reports), monitors.json, train/summary.json (the
+    trainer), eval/ (the paired eval), eval_org/ (an org's tasks), verdicts/<name>.json (every check),
+    adapter.json (an org adapter's registration)."""
 
     run_id: str
 
@@ -55,6 +56,10 @@ class RunDir:
     eval_org = property(lambda self: self.file("eval_org"))
     verdicts = property(lambda self: self.file("verdicts"))
     adapter = property(lambda self: self.file("adapter.json"))
+
+    def part(self, start: datetime) -> str:
+        """One mapped harvest task's episodes: the part of the window that starts at `start`."""
+        return self.file(f"parts/{start.astimezone(timezone.utc):%Y%m%dT%H%M%S}.parquet")
 
     def verdict(self, name: str) -> str:
         return f"{self.verdicts}/{name}.json"

@@ -4,7 +4,8 @@ Why one table: the cycle was assembled in four places (the DAG, the gate operato
 simulator's scenario) and they drifted: an org adapter was trained and went live without the data-quality
 gates or the reward-hacking monitors that the main cycle requires. Now the gate operator's checks, the
 verdicts the promotion gate requires, the verdicts an org adapter requires, and the gates the org path runs
-are all read from here, so a path cannot skip one without a visible edit to this file.
+are all read from here, so a path cannot skip one without a visible edit to this file; the DAG checks its
+own tasks against CYCLE when it is parsed (check_dag).
 
 A gate is `fn(cfg, *args) -> Verdict` (or raises GateFailed carrying one); it judges and writes its verdict
 under the run, nothing else. The stages between gates (harvest, score, train, evaluate, register, deploy) stay
@@ -38,14 +39,27 @@ GATES: tuple[Gate, ...] = (
 BY_NAME = {g.name: g for g in GATES}
 
 # The cycle in order (the DAG's task ids without their groups): stages and, between them, the gates above.
-CYCLE = ("window", "served", "monitors", "rollback", "ab_verdict", "harvest", "gate_raw", "gate_episodes",
-         "score", "gate_rewards", "train", "evaluate", "register", "gate_promotion", "deploy")
+CYCLE = ("window", "served", "monitors", "rollback", "ab_verdict", "plan", "part", "harvest", "gate_raw",
+         "gate_episodes", "score", "gate_rewards", "train", "evaluate", "register", "gate_promotion", "deploy")
 # What must have judged a run, and passed, before its checkpoint may serve anyone.
 REQUIRED_VERDICTS = ("gate_raw", "gate_episodes", "gate_rewards", "monitors", "train", "eval")
 # An org adapter: the same, and no regression on the org's own tasks.
 ADAPTER_VERDICTS = (*REQUIRED_VERDICTS, "eval_org")
 # The checks before an update (the org path runs them on its org's run, after its harvest and scoring).
 BEFORE_TRAIN = ("gate_raw", "gate_episodes", "gate_rewards", "monitors")
+
+
+def check_dag(dag: Any) -> None:
+    """The DAG's tasks (group prefixes dropped) are CYCLE's, each downstream of the one before it in CYCLE;
+    realtime_rl calls this when it is parsed, so a DAG that drifts from the one definition fails to import."""
+    tasks = {t.task_id.rsplit(".", 1)[-1]: t for t in dag.tasks}
+    if len(tasks) != len(dag.tasks) or set(tasks) != set(CYCLE):
+        raise ValueError(f"DAG {dag.dag_id} has tasks {sorted(t.task_id for t in dag.tasks)}, not pipeline.CYCLE "
+                         f"{list(CYCLE)}")
+    for before, after in zip(CYCLE, CYCLE[1:], strict=False):
+        if tasks[before].task_id not in tasks[after].get_flat_relative_ids(upstream=True):
+            raise ValueError(f"DAG {dag.dag_id}: {tasks[after].task_id} must run after {tasks[before].task_id} "
+                             "(pipeline.CYCLE)")
 
 
 def callable_of(path: str):

@@ -21,14 +21,14 @@ def load_dag():
 
 
 STAGES = [  # the cycle, in order: each stage must be downstream of every earlier one
-    "window", "ab.served", "ab.monitors", "ab.rollback", "ab.ab_verdict", "harvest.harvest", "harvest.gate_raw",
-    "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate",
+    "window", "ab.served", "ab.monitors", "ab.rollback", "ab.ab_verdict", "harvest.plan", "harvest.part",
+    "harvest.harvest", "harvest.gate_raw", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate",
     "promote.register", "promote.gate_promotion", "promote.deploy",
 ]
 GATES = {"harvest.gate_raw", "harvest.gate_episodes", "rewards.gate_rewards", "ab.monitors",
          "promote.gate_promotion"}
-IO_TASKS = {"ab.served", "ab.rollback", "ab.ab_verdict", "harvest.harvest", "rewards.score", "promote.register",
-            "promote.deploy"}
+IO_TASKS = {"ab.served", "ab.rollback", "ab.ab_verdict", "harvest.plan", "harvest.part", "harvest.harvest",
+            "rewards.score", "promote.register", "promote.deploy"}
 HEAVY_TASKS = {"train.train", "evaluate.evaluate"}
 
 
@@ -121,11 +121,13 @@ def test_params_validate():
     from airflow.sdk.exceptions import ParamValidationError
 
     params = load_dag().params
-    assert copy.deepcopy(params).validate() == {"start": None, "end": None, "policy_version": None, "dry_run": False}
+    assert copy.deepcopy(params).validate() == {"start": None, "end": None, "policy_version": None, "dry_run": False,
+                                                "map_hours": None}
     good = copy.deepcopy(params)
     good["policy_version"], good["start"] = 3, "2026-12-02T10:00:00+00:00"
     assert good.validate()["policy_version"] == 3
-    for key, bad in [("policy_version", 0), ("policy_version", "two"), ("dry_run", "yes"), ("start", 5)]:
+    for key, bad in [("policy_version", 0), ("policy_version", "two"), ("dry_run", "yes"), ("start", 5),
+                     ("map_hours", -1), ("map_hours", "hourly")]:
         broken = copy.deepcopy(params)
         with pytest.raises(ParamValidationError, match=key):
             broken[key] = bad
@@ -184,3 +186,25 @@ def test_a_standalone_cycle_waits_for_the_previous_window_to_end(cfg):
     waited = wait_for_window(cfg)
     assert 1.0 < waited <= 1.5 and time.monotonic() - t >= 1.0
     assert datetime.now(UTC) >= datetime.fromisoformat((cfg.home_path / "cycle-window-end").read_text())
+
+
+def test_a_dag_that_drifts_from_the_cycle_fails_its_import():
+    """realtime_rl calls pipeline.check_dag when parsed: a task missing, or two in the wrong order, is refused."""
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG, chain
+
+    from rl_core import pipeline
+
+    def dag_of(dag_id: str, names: list[str]):
+        with DAG(dag_id, schedule=None) as d:
+            chain(*(EmptyOperator(task_id=n) for n in names))
+        return d
+
+    pipeline.check_dag(dag_of("same", list(pipeline.CYCLE)))
+    with pytest.raises(ValueError, match="not pipeline.CYCLE"):
+        pipeline.check_dag(dag_of("skips_a_gate", [n for n in pipeline.CYCLE if n != "gate_rewards"]))
+    swapped = list(pipeline.CYCLE)
+    i, j = swapped.index("gate_raw"), swapped.index("gate_episodes")
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    with pytest.raises(ValueError, match="gate_episodes must run after"):
+        pipeline.check_dag(dag_of("swapped", swapped))

@@ -154,7 +154,9 @@ def test_a_challenger_winning_the_ab_by_gaming_the_reward_is_rolled_back_not_pro
 
 
 @pytest.mark.slow
-def test_full_cycle_makes_a_challenger_and_a_rerun_is_identical(af_env):
+def test_full_cycle_makes_a_challenger_and_a_rerun_is_identical(af_env, monkeypatch):
+    """...and the rerun harvests the window in five mapped tasks of an hour (`[harvest] map_hours`): the same
+    episodes and rewards as the first run's one task, merged into one file."""
     from rl_core.registry import store
     from rl_core.registry.register import find_version
 
@@ -173,8 +175,12 @@ def test_full_cycle_makes_a_challenger_and_a_rerun_is_identical(af_env):
     assert Lake(cfg.lake_root).read_json(f"runs/{RUN_ID}/monitors.json")["parent_version"] == 1  # the champion
     first = outputs(cfg)
 
+    assert Lake(cfg.lake_root).read_json(f"runs/{RUN_ID}/harvest.json")["parts"] == 1
+
+    monkeypatch.setenv("RTRL_HARVEST__MAP_HOURS", "1")
     state2, tasks2 = run_dag()  # the same window again: same files, same version, nothing new
     assert state2 == "success", tasks2
+    assert Lake(cfg.lake_root).read_json(f"runs/{RUN_ID}/harvest.json")["parts"] == 5
     assert outputs(cfg) == first
     assert find_version(cfg, RUN_ID) == 2
     assert store.aliases(cfg) == {"champion": 1, "challenger": 2}
