@@ -25,6 +25,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from rl_core.config import TrainConfig
+from rl_core.lake import Lake
+from rl_core.train.data import load_samples, plan_batches
+from rl_core.train.export import gather_state_dict, save_hf
+
 FAULT_ENV = "RTRL_TRAIN_FAULT_AFTER_STEPS"
 FAULT_EXIT = 17
 MEAN_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "is_weight_mean", "is_trunc_frac")
@@ -214,10 +219,6 @@ def run(spec: TrainSpec) -> int:
     from deepspeed.accelerator import get_accelerator
     from tqdm import tqdm
 
-    from rl_core.config import TrainConfig
-    from rl_core.lake import Lake
-    from rl_core.train.data import load_samples, plan_batches
-    from rl_core.train.export import gather_state_dict, save_hf
     from rl_core.train.loss import LossConfig
 
     tc = TrainConfig.model_validate(spec.train)
