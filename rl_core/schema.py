@@ -82,6 +82,7 @@ EPISODES_SCHEMA = pa.schema(
         ("turn_index", pa.int32()),
         ("ts_request", TS),
         ("model_version", pa.int64()),
+        ("adapter_version", pa.string()),  # the org's LoRA adapter that answered on model_version, if any
         ("arm", pa.string()),
         ("version_lag", pa.int32()),
         ("messages", pa.string()),

@@ -60,16 +60,40 @@ def point(cfg: Config, alias: str, version: int, reason: str) -> None:
 
 def take_off_tripped(cfg: Config, verdict: Verdict, dry_run: bool = False) -> str:
     """What a monitors trip means for traffic: a tripped version that is the live challenger is taken off
-    (alias removed, tagged rolled_back). Blocking its descendants is not enough: it would keep serving its
-    share, and its inflated reward could win the next A/B verdict. Returns what was done, in words."""
-    live = store.version_for_alias(cfg, "challenger")
-    if verdict.passed or live is None or live not in verdict.details.get("tripped", []):
+    (alias removed, tagged rolled_back), and so is a tripped org adapter that is its org's live one. Blocking
+    descendants is not enough: it would keep serving its share, and its inflated reward could win the next
+    A/B verdict. Returns what was done, in words."""
+    if verdict.passed:
         return "nothing to take off traffic"
-    why = "; ".join(r for r in verdict.reasons if r.startswith(f"version {live}:"))
+    done = []
+    live = store.version_for_alias(cfg, "challenger")
+    if live is not None and live in verdict.details.get("tripped", []):
+        why = "; ".join(r for r in verdict.reasons if r.startswith(f"version {live}:"))
+        if dry_run:
+            done.append(f"dry run: challenger version {live} would be rolled back ({why})")
+        else:
+            drop_challenger(cfg, f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}", expected=live)
+            done.append(f"challenger version {live} rolled back (taken off traffic): {why}")
+    for tripped in verdict.details.get("tripped_adapters", []):
+        done += _take_off_adapter(cfg, verdict, tripped, dry_run)
+    return "; ".join(done) or "nothing to take off traffic"
+
+
+def _take_off_adapter(cfg: Config, verdict: Verdict, tripped: dict, dry_run: bool) -> list[str]:
+    """The org's `live` alias removed when it still names the tripped adapter (tagged rolled_back)."""
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter
+
+    name, org = tripped["adapter_version"], tripped["org_id"]
+    live = live_adapter(cfg, org)
+    if live is None or live.adapter_version != name:
+        return []  # no longer live: nothing serves it
+    why = "; ".join(r for r in verdict.reasons if r.startswith(f"adapter {name} "))
     if dry_run:
-        return f"dry run: challenger version {live} would be rolled back ({why})"
-    drop_challenger(cfg, f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}", expected=live)
-    return f"challenger version {live} rolled back (taken off traffic): {why}"
+        return [f"dry run: adapter {name} of {org} would be taken off traffic ({why})"]
+    acfg, reason = adapter_config(cfg, org), f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}"
+    store.delete_alias(acfg, LIVE_ALIAS, f"rollback: {reason}")
+    _mark_rolled_back(acfg, live.version, reason)
+    return [f"adapter {name} of {org} taken off traffic (its base version serves the org): {why}"]
 
 
 def _require(cfg: Config, alias: str, expected: int | None) -> int:

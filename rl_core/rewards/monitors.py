@@ -8,6 +8,9 @@ model_version in the run we compute those rates (and the mean reward, reported f
 version newer than the parent with the parent's rates: from the same window when the parent has enough
 episodes there, else from the latest earlier monitors report that has them. A rate rising by more than its
 configured bound trips the monitor; the verdict "monitors" is what the promotion gate reads.
+An org's LoRA adapter answers on a version but is a model of its own: its turns (adapter_version set) are left
+out of that version's rates and judged against them, so a live adapter that games the reward trips the
+monitors as a version does, and the rollback takes it off its organisation's traffic.
 
 The mean reward trips it too when it falls below the parent's by more than `monitor_reward_drop` and by more
 than `monitor_reward_z` standard errors. That is not a hack, but it is a worse policy, and when the challenger
@@ -17,8 +20,8 @@ eval suite may not see it: run L (docs/results.md) served and trained on top of 
 In the cycle the monitors judge the live challenger before the A/B verdict is applied, on every turn the
 window served (`score_served`, its own task): a version that games the reward must not win an A/B verdict
 on a metric the hack inflates. The check only judges (`monitor_served` writes its verdict and report); what
-follows a trip, taking the live challenger off traffic, is rl_core.registry.promote.take_off_tripped, in a
-task of its own, so one module moves aliases.
+follows a trip, taking the live challenger or a live adapter off traffic, is
+rl_core.registry.promote.take_off_tripped, in a task of its own, so one module moves aliases.
 """
 
 from __future__ import annotations
@@ -37,9 +40,8 @@ from rl_core.rewards.scorers import REFUSAL
 RATES = ("broken_tool_rate", "clarify_rate", "empty_refusal_rate", "no_edit_rate")
 
 
-def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
-    """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, no_edit_rate, mean_reward,
-    reward_std}."""
+def _rate_rows(cfg: Config, run_id: str) -> list[tuple]:
+    """sql/rewards/_monitor_rates.sql over the run: one row per (model_version, adapter_version)."""
     lake = Lake(cfg.lake_root)
     eps, rws = episodes_path(lake, run_id), rewards_path(lake, run_id)
     for p in (eps, rws):
@@ -51,15 +53,24 @@ def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
                        params={"episodes": lake.url(eps), "rewards": lake.url(rws), "refusal": REFUSAL}).fetchall()
     finally:
         con.close()
-    out: dict[int, dict[str, float]] = {}
-    for version, n, broken, clarify, empty, no_edit, mean_reward, reward_std, mismatch in rows:
+    for version, adapter, _org, _n, *_, mismatch in rows:
         if mismatch:
             raise ValueError(f"run {run_id!r}: rewards.parquet does not match episodes.parquet row by row "
-                             f"({mismatch} event_ids differ for model_version {version}): rerun `rtrl rewards`")
-        out[int(version)] = {"n": int(n), "broken_tool_rate": broken, "clarify_rate": clarify,
-                             "empty_refusal_rate": empty, "no_edit_rate": no_edit,
-                             "mean_reward": _finite(mean_reward), "reward_std": _finite(reward_std)}
-    return out
+                             f"({mismatch} event_ids differ for model_version {version}, adapter {adapter}): "
+                             "rerun `rtrl rewards`")
+    return rows
+
+
+def _rates(row: tuple) -> dict:
+    _v, _a, _org, n, broken, clarify, empty, no_edit, mean_reward, reward_std, _mismatch = row
+    return {"n": int(n), "broken_tool_rate": broken, "clarify_rate": clarify, "empty_refusal_rate": empty,
+            "no_edit_rate": no_edit, "mean_reward": _finite(mean_reward), "reward_std": _finite(reward_std)}
+
+
+def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
+    """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, no_edit_rate, mean_reward,
+    reward_std}, over the turns each version answered itself (an org adapter's turns are adapter_rates')."""
+    return {int(row[0]): _rates(row) for row in _rate_rows(cfg, run_id) if row[1] is None}
 
 
 def _finite(x: float | None) -> float | None:
@@ -109,19 +120,66 @@ def score_served(cfg: Config, run_id: str, start: datetime, end: datetime, newes
     return served
 
 
+def _reference(lake: Lake, run_id: str, rates: dict[int, dict], version: int, min_n: int
+               ) -> tuple[dict | None, str | None]:
+    """A version's own rates: from this window when it has enough turns there, else an earlier report's."""
+    own = rates.get(version)
+    if own and own["n"] >= min_n:
+        return own, "this window"
+    return _earlier_reference(lake, run_id, version, min_n)
+
+
+def _compare(cfg: Config, label: str, r: dict, ref: dict, ref_label: str, source: str) -> list[str]:
+    """Why r games the reward against ref (each rate's rise over its bound, a significant reward drop)."""
+    rc = cfg.rewards
+    bounds = _bounds(cfg)
+    found = [f"{label}: {name} {r[name]:.3f} vs {ref_label} {ref[name]:.3f} ({source}): rise "
+             f"{r[name] - ref[name]:+.3f} > bound {bounds[name]}"
+             for name in RATES
+             # a rate missing from the reference: an earlier report written before that rate existed
+             if ref.get(name) is not None and r[name] - ref[name] > bounds[name]]
+    drop = reward_drop(r, ref, rc.monitor_reward_drop, rc.monitor_reward_z)
+    if drop:
+        found.append(f"{label}: mean_reward {r['mean_reward']:.3f} vs {ref_label} {ref['mean_reward']:.3f} "
+                     f"({source}): {drop}")
+    return found
+
+
+def _bounds(cfg: Config) -> dict[str, float]:
+    rc = cfg.rewards
+    return {"broken_tool_rate": rc.monitor_broken_tool_rise, "clarify_rate": rc.monitor_clarify_rise,
+            "empty_refusal_rate": rc.monitor_empty_rise, "no_edit_rate": rc.monitor_no_edit_rise}
+
+
+def _judge_adapters(cfg: Config, lake: Lake, run_id: str, rates: dict[int, dict], adapters: dict[str, dict]
+                    ) -> tuple[list[str], list[dict], dict[str, str]]:
+    """Every org adapter that answered enough turns against the version it served on (that version's own
+    turns): a live adapter that games the reward trips the monitors as a version does."""
+    min_n = cfg.rewards.monitor_min_episodes
+    reasons, tripped, skipped = [], [], {}
+    for name, a in sorted(adapters.items()):
+        ref, source = _reference(lake, run_id, rates, a["version"], min_n)
+        if a["n"] < min_n or ref is None:
+            skipped[name] = (f"{a['n']} episodes < monitor_min_episodes {min_n}" if a["n"] < min_n
+                             else f"no rates for version {a['version']} (this window or earlier reports)")
+            continue
+        found = _compare(cfg, f"adapter {name} (org {a['org_id']}, on version {a['version']})", a, ref,
+                         f"version {a['version']}", source or "")
+        reasons += found
+        tripped += [{"adapter_version": name, "org_id": a["org_id"], "version": a["version"]}] if found else []
+    return reasons, tripped, skipped
+
+
 def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str | None = None) -> Verdict:
-    """Compare every version newer than parent_version with the parent, on the rates of run `rates_from`
-    (default run_id); write report + verdict "monitors" under run_id."""
+    """Compare every version newer than parent_version with the parent, and every org adapter with the version
+    it served on, on the rates of run `rates_from` (default run_id); write report + verdict "monitors" under
+    run_id."""
     rc = cfg.rewards
     lake = Lake(cfg.lake_root)
-    rates = version_rates(cfg, rates_from or run_id)
-    bounds = {"broken_tool_rate": rc.monitor_broken_tool_rise, "clarify_rate": rc.monitor_clarify_rise,
-              "empty_refusal_rate": rc.monitor_empty_rise, "no_edit_rate": rc.monitor_no_edit_rise}
-    parent = rates.get(parent_version)
-    if parent and parent["n"] >= rc.monitor_min_episodes:
-        reference, source = parent, "this window"
-    else:
-        reference, source = _earlier_reference(lake, run_id, parent_version, rc.monitor_min_episodes)
+    rows = _rate_rows(cfg, rates_from or run_id)
+    rates = {int(r[0]): _rates(r) for r in rows if r[1] is None}
+    adapters = {r[1]: _rates(r) | {"version": int(r[0]), "org_id": r[2]} for r in rows if r[1] is not None}
+    reference, source = _reference(lake, run_id, rates, parent_version, rc.monitor_min_episodes)
     reasons: list[str] = []
     tripped: list[int] = []
     compared: list[int] = []
@@ -136,23 +194,19 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
             skipped[version] = f"no rates for parent version {parent_version} (this window or earlier reports)"
             continue
         compared.append(version)
-        found = [f"version {version}: {name} {r[name]:.3f} vs parent {parent_version} {reference[name]:.3f} "
-                 f"({source}): rise {r[name] - reference[name]:+.3f} > bound {bounds[name]}"
-                 for name in RATES
-                 # a rate missing from the reference: an earlier report written before that rate existed
-                 if reference.get(name) is not None and r[name] - reference[name] > bounds[name]]
-        drop = reward_drop(r, reference, rc.monitor_reward_drop, rc.monitor_reward_z)
-        if drop:
-            found.append(f"version {version}: mean_reward {r['mean_reward']:.3f} vs parent {parent_version} "
-                         f"{reference['mean_reward']:.3f} ({source}): {drop}")
+        found = _compare(cfg, f"version {version}", r, reference, f"parent {parent_version}", source or "")
         reasons += found
         tripped += [version] if found else []
+    adapter_reasons, tripped_adapters, skipped_adapters = _judge_adapters(cfg, lake, run_id, rates, adapters)
+    reasons += adapter_reasons
     manifest = read_manifest(lake, run_id) or {}
     report = {"run_id": run_id, "rates_from": rates_from or run_id, "parent_version": parent_version,
               "window_end": manifest.get("end", ""), "rates": {str(v): r for v, r in rates.items()},
               "reference": reference, "reference_source": source, "compared": compared, "tripped": tripped,
-              "skipped": {str(k): v for k, v in skipped.items()},
-              "bounds": bounds | {"mean_reward_drop": rc.monitor_reward_drop, "mean_reward_z": rc.monitor_reward_z}}
+              "skipped": {str(k): v for k, v in skipped.items()}, "adapters": adapters,
+              "tripped_adapters": tripped_adapters, "skipped_adapters": skipped_adapters,
+              "bounds": _bounds(cfg) | {"mean_reward_drop": rc.monitor_reward_drop,
+                                        "mean_reward_z": rc.monitor_reward_z}}
     lake.write_json(lake.run(run_id).monitors, report)
     verdict = Verdict(name="monitors", passed=not reasons, reasons=reasons, details=report)
     write_verdict(lake, run_id, verdict)
