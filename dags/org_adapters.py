@@ -26,7 +26,7 @@ except ImportError:  # plugins folder not on sys.path
     from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
-from rl_core.window import SCHEDULE_ANCHOR, Window
+from rl_core.window import SCHEDULE_ANCHOR, CycleRun
 
 AF = load_config().airflow
 
@@ -42,7 +42,8 @@ def window() -> dict:
     policy = p.get("policy_version") or version_for_alias(load_config(), "champion")
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
-    return w.to_xcom(dry_run=bool(p.get("dry_run")), policy_version=int(policy), min_episodes=p.get("min_episodes"))
+    return CycleRun(w, bool(p.get("dry_run")), int(policy), airflow_run_id=ctx["run_id"]).to_xcom(
+        min_episodes=p.get("min_episodes"))
 
 
 @task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
@@ -52,12 +53,11 @@ def org_targets(w: dict) -> list[str]:
     from rl_core.ledger import lineage_of
     from rl_core.orgs.branch import org_targets as targets
 
-    cfg = load_config()
+    cfg, run = load_config(), CycleRun.from_xcom(w)
     # the ledger as realtime_rl's harvest consults it: both DAGs write this run's episodes.parquet, identically
-    win = Window.from_xcom(w)
-    harvest(cfg, win.start, win.end, w["policy_version"], win.run_id,
-            lineage=lineage_of(cfg, int(w["policy_version"])))
-    orgs = targets(cfg, w["run_id"], w["min_episodes"])
+    win = run.window
+    harvest(cfg, win.start, win.end, run.policy, win.run_id, lineage=lineage_of(cfg, run.policy))
+    orgs = targets(cfg, run.run_id, w.get("min_episodes"))
     print(f"orgs with enough episodes: {orgs}")
     return orgs
 
@@ -67,9 +67,9 @@ def org_targets(w: dict) -> list[str]:
 def adapt_org(w: dict, org: str) -> dict:
     from rl_core.orgs.branch import adapt_org as run
 
-    win = Window.from_xcom(w)
-    out = run(load_config(), win.start, win.end,
-              int(w["policy_version"]), w["run_id"], org, dry_run=w["dry_run"])
+    cycle = CycleRun.from_xcom(w)
+    out = run(load_config(), cycle.window.start, cycle.window.end, cycle.policy, cycle.run_id, org,
+              dry_run=cycle.dry_run)
     print(f"org {org}: {out}")
     return out
 
@@ -84,7 +84,7 @@ def report(w: dict, orgs: list[str]) -> dict:
     lake = Lake(cfg.lake_root)
     out = {}
     for org in orgs:
-        path = lake.run(org_run_id(w["run_id"], org)).adapter
+        path = lake.run(org_run_id(CycleRun.from_xcom(w).run_id, org)).adapter
         adapter = lake.read_json(path) if lake.exists(path) else None
         live = live_adapter(cfg, org)
         out[org] = {"registered": adapter["adapter_version"] if adapter else None,

@@ -26,6 +26,7 @@ This file holds no business logic: every task calls rl_core (design.md, "the cyc
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -41,7 +42,7 @@ except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configu
 
 from rl_core.config import load_config
 from rl_core.pipeline import check_dag
-from rl_core.window import SCHEDULE_ANCHOR, Window
+from rl_core.window import SCHEDULE_ANCHOR, CycleRun
 
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
 
@@ -72,8 +73,8 @@ def window() -> dict:
     # Airflow 3 gives a task no way to set its run's note, so the two ids meet here (first log line and the
     # return value) and on the MLflow version and training run (tags airflow.run_id, run_id) at register.
     print(f"rtrl run {w.run_id}: window [{w.start.isoformat()}, {w.end.isoformat()}) of Airflow run {ctx['run_id']}")
-    return w.to_xcom(dry_run=bool(ctx["params"].get("dry_run")), policy_version=ctx["params"].get("policy_version"),
-                     map_hours=ctx["params"].get("map_hours"), airflow_run_id=ctx["run_id"])
+    p = ctx["params"]
+    return CycleRun(w, bool(p.get("dry_run")), p.get("policy_version"), p.get("map_hours"), ctx["run_id"]).to_xcom()
 
 
 @task(**IO_RETRIES, doc_md="Harvest and score every turn the window served, by every version (`<run_id>-served`): "
@@ -86,7 +87,7 @@ def served(w: dict) -> dict:
     champion = version_for_alias(cfg, "champion")
     if champion is None:
         raise RuntimeError("no `champion` alias: run `rtrl init` first")
-    win = Window.from_xcom(w)
+    win = CycleRun.from_xcom(w).window
     run = score_served(cfg, win.run_id, win.start, win.end, max(known_versions(cfg), default=champion))
     print(f"served turns of every version scored under {run}; monitors' parent: the champion, version {champion}")
     return {"parent_version": int(champion)}
@@ -100,12 +101,12 @@ def rollback(w: dict) -> str:
     from rl_core.registry import card, promote
     from rl_core.reports import read_verdict
 
-    cfg = load_config()
-    verdict = read_verdict(Lake(cfg.lake_root), w["run_id"], "monitors")
+    cfg, run = load_config(), CycleRun.from_xcom(w)
+    verdict = read_verdict(Lake(cfg.lake_root), run.run_id, "monitors")
     if verdict is None:
         return "the monitors did not judge (an upstream task failed): nothing to do"
-    action = promote.take_off_tripped(cfg, verdict, dry_run=w["dry_run"])
-    if not w["dry_run"]:
+    action = promote.take_off_tripped(cfg, verdict, dry_run=run.dry_run)
+    if not run.dry_run:
         card.log_monitors(cfg, verdict)
     print(action)
     return action
@@ -117,10 +118,9 @@ def ab_verdict(w: dict) -> dict:
     from rl_core.ab.verdict import ab_verdict as compute
     from rl_core.ab.verdict import apply_verdict
 
-    cfg = load_config()
-    win = Window.from_xcom(w)
-    result = compute(cfg, win.start, win.end)
-    action = "dry-run: not applied" if w["dry_run"] else apply_verdict(cfg, result)
+    cfg, run = load_config(), CycleRun.from_xcom(w)
+    result = compute(cfg, run.window.start, run.window.end)
+    action = "dry-run: not applied" if run.dry_run else apply_verdict(cfg, result)
     print(f"A/B {result.decision}: {'; '.join(result.reasons)} (n={result.n})\naction: {action}")
     return {"action": str(action), "decision": result.decision}
 
@@ -133,15 +133,15 @@ def plan(w: dict, _ab: dict) -> list[dict]:
     from rl_core.harvest import plan_parts
     from rl_core.registry.store import version_for_alias
 
-    cfg = load_config()
-    policy = w["policy_version"] or version_for_alias(cfg, "champion")
+    cfg, run = load_config(), CycleRun.from_xcom(w)
+    policy = run.policy_version or version_for_alias(cfg, "champion")
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
-    win = Window.from_xcom(w)
-    parts = plan_parts(win.start, win.end, cfg.harvest.map_hours if w.get("map_hours") is None else w["map_hours"],
-                       cfg.harvest.granularity)
+    win, hours = run.window, cfg.harvest.map_hours if run.map_hours is None else run.map_hours
+    parts = plan_parts(win.start, win.end, hours, cfg.harvest.granularity)
     print(f"policy v{policy}; {len(parts)} part(s) of [{win.start.isoformat()}, {win.end.isoformat()})")
-    return [{**w, "policy_version": int(policy), "part": [a.isoformat(), b.isoformat()]} for a, b in parts]
+    planned = replace(run, policy_version=int(policy))
+    return [planned.to_xcom(part=[a.isoformat(), b.isoformat()]) for a, b in parts]
 
 
 @task(**IO_RETRIES, map_index_template="{{ part_label }}",
@@ -153,8 +153,8 @@ def part(job: dict) -> dict:
     from rl_core.harvest import harvest as run_harvest
     from rl_core.ledger import lineage_of
 
-    cfg = load_config()
-    win, policy = Window.from_xcom(job), int(job["policy_version"])
+    cfg, run = load_config(), CycleRun.from_xcom(job)
+    win, policy = run.window, run.policy
     lo, hi = (datetime.fromisoformat(ts) for ts in job["part"])  # plan's own ISO stamps, UTC
     get_current_context()["part_label"] = f"{lo:%H:%M}-{hi:%H:%M}"  # type: ignore[typeddict-unknown-key]
     whole = (lo, hi) == (win.start, win.end)
@@ -173,21 +173,22 @@ def harvest(w: dict, parts: list[dict]) -> dict:
 
     from rl_core.harvest import HarvestResult, merge_parts
 
-    win = Window.from_xcom(w)
+    run = CycleRun.from_xcom(w)
+    win = run.window
     r = merge_parts(load_config(), win.start, win.end, win.run_id, [HarvestResult(**p) for p in parts])
     reason = r.skip_reason()
     if reason:  # skipped, not failed: an empty or already-trained window is not an error
         print(f"SKIPPED: {reason}\nharvest: {r}")
         raise AirflowSkipException(reason)
     print(f"harvest: {r}")
-    return {**w, "policy_version": r.policy_version, "episodes": int(r.n_episodes)}
+    return replace(run, policy_version=r.policy_version).to_xcom(episodes=int(r.n_episodes))
 
 
 @task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
 def score(w: dict) -> dict:
     from rl_core.rewards import score_run
 
-    r = score_run(load_config(), w["run_id"])
+    r = score_run(load_config(), CycleRun.from_xcom(w).run_id)
     print(f"rewards: {r}")
     return {"mean_reward": float(getattr(r, "mean_reward", float("nan")))}
 
@@ -196,7 +197,8 @@ def score(w: dict) -> dict:
 def evaluate(w: dict, trained: dict) -> dict:
     from evals.compare import evaluate as run_eval
 
-    cmp = run_eval(load_config(), w["run_id"], trained["checkpoint"], int(w["policy_version"]))
+    run = CycleRun.from_xcom(w)
+    cmp = run_eval(load_config(), run.run_id, trained["checkpoint"], run.policy)
     deltas = {m.metric: round(m.mean_diff, 4) for m in cmp.metrics}
     print(f"eval {cmp.verdict}: deltas {deltas}; " + "; ".join(cmp.reasons))
     return {"verdict": cmp.verdict, "passed": cmp.passed, "deltas": deltas}  # a regression blocks at gate_promotion
@@ -209,11 +211,12 @@ def register(w: dict, _evaluated: dict) -> int | None:
     from rl_core.ledger import EpisodesConsumed
     from rl_core.registry.register import register_run
 
-    if w["dry_run"]:
+    run = CycleRun.from_xcom(w)
+    if run.dry_run:
         raise AirflowSkipException("dry run: nothing registered")
     try:  # the Airflow run goes on the version and on the trainer's MLflow run
-        version = int(register_run(load_config(), w["run_id"], tags={"airflow.dag_id": AF.dag_id,
-                                                                      "airflow.run_id": w.get("airflow_run_id", "")}))
+        version = int(register_run(load_config(), run.run_id, tags={"airflow.dag_id": AF.dag_id,
+                                                                     "airflow.run_id": run.airflow_run_id}))
     except EpisodesConsumed as exc:  # another run registered these episodes while this one trained
         print(f"SKIPPED: {exc}")
         raise AirflowSkipException(str(exc)) from exc
@@ -225,7 +228,7 @@ def register(w: dict, _evaluated: dict) -> int | None:
 def deploy(w: dict, version: int, _gate: dict) -> dict:
     from rl_core.registry.deploy import deploy as run_deploy
 
-    moved = bool(run_deploy(load_config(), w["run_id"], int(version)))
+    moved = bool(run_deploy(load_config(), CycleRun.from_xcom(w).run_id, int(version)))
     print(f"deploy version {version}: alias challenger {'moved' if moved else 'NOT moved'}")
     return {"version": int(version), "challenger": moved}
 

@@ -38,6 +38,40 @@ class Window:
         return cls(_parse_ts("start", value["start"]), _parse_ts("end", value["end"]), value["run_id"])
 
 
+@dataclass(frozen=True)
+class CycleRun:
+    """What every task of a cycle's DAG run reads: the window and the run's params, one typed value. On the
+    wire (XCom) it is the JSON dict to_xcom makes, which the gate operators read by key; each task turns it
+    back into this with from_xcom, so no task indexes a dict or parses a timestamp itself."""
+
+    window: Window
+    dry_run: bool = False
+    policy_version: int | None = None  # the param until harvest.plan resolves it (then the version updated)
+    map_hours: int | None = None  # the param; None: [harvest] map_hours
+    airflow_run_id: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.window.run_id
+
+    def to_xcom(self, **extra: Any) -> dict[str, Any]:
+        return self.window.to_xcom(dry_run=self.dry_run, policy_version=self.policy_version,
+                                   map_hours=self.map_hours, airflow_run_id=self.airflow_run_id, **extra)
+
+    @classmethod
+    def from_xcom(cls, value: dict[str, Any]) -> CycleRun:
+        policy, hours = value.get("policy_version"), value.get("map_hours")
+        return cls(Window.from_xcom(value), bool(value.get("dry_run")), None if policy is None else int(policy),
+                   None if hours is None else int(hours), str(value.get("airflow_run_id") or ""))
+
+    @property
+    def policy(self) -> int:
+        """The version this run updates (set by harvest.plan)."""
+        if self.policy_version is None:
+            raise ValueError(f"run {self.run_id}: no policy version resolved yet")
+        return self.policy_version
+
+
 def _parse_ts(name: str, value: Any) -> datetime:
     if isinstance(value, datetime):
         ts = value

@@ -208,3 +208,19 @@ def test_a_dag_that_drifts_from_the_cycle_fails_its_import():
     swapped[i], swapped[j] = swapped[j], swapped[i]
     with pytest.raises(ValueError, match="gate_episodes must run after"):
         pipeline.check_dag(dag_of("swapped", swapped))
+
+
+def test_the_cycle_run_is_one_typed_value_on_the_wire_and_back():
+    """Each task reads its run back as a CycleRun; on the wire it is plain JSON that the gate operators read by key."""
+    import json
+
+    from rl_core.window import CycleRun, Window
+
+    w = Window(datetime(2026, 12, 2, 5, tzinfo=UTC), datetime(2026, 12, 2, 10, tzinfo=UTC), "cycle-20261202T1000")
+    run = CycleRun(w, dry_run=True, policy_version=None, map_hours=1, airflow_run_id="manual__x")
+    wire = json.loads(json.dumps(run.to_xcom(part=["a", "b"])))
+    assert wire["run_id"] == "cycle-20261202T1000" and wire["start"] == "2026-12-02T05:00:00+00:00"
+    assert CycleRun.from_xcom(wire) == run and wire["part"] == ["a", "b"]
+    with pytest.raises(ValueError, match="no policy version resolved"):
+        _ = run.policy
+    assert CycleRun.from_xcom({**wire, "policy_version": 3}).policy == 3
