@@ -115,7 +115,7 @@ def _metric(name: str, d: stats.Diff, method: str) -> MetricResult:
     )
 
 
-def decide(metrics: dict[str, MetricResult], n: dict[str, int], cfg) -> tuple[Decision, list[str]]:
+def decide(metrics: dict[str, MetricResult], n: dict[str, int], cfg: Config) -> tuple[Decision, list[str]]:
     """The decision rule (module docstring) on computed metrics; pure, so it is tested on its own."""
     low = [f"{arm} has {n.get(arm, 0)} interactions < min_samples_per_arm {cfg.ab.min_samples_per_arm}"
            for arm in ARMS if n.get(arm, 0) < cfg.ab.min_samples_per_arm]
@@ -143,7 +143,7 @@ def _arm_arrays(table: pa.Table, arm: str, cols: list[str]) -> dict[str, np.ndar
     return {c: np.asarray(table[c].to_numpy(zero_copy_only=False))[mask] for c in cols}
 
 
-def compute_metrics(con, cfg, since: datetime, cuped: bool) -> tuple[dict[str, MetricResult], dict, dict]:
+def compute_metrics(con, cfg: Config, since: datetime, cuped: bool) -> tuple[dict[str, MetricResult], dict, dict]:
     """Per-arm counts and every metric's challenger - champion difference from the `outcomes` table."""
     alpha = cfg.ab.alpha
     users = con.sql(sql("per_user")).to_arrow_table()
@@ -184,7 +184,7 @@ def compute_metrics(con, cfg, since: datetime, cuped: bool) -> tuple[dict[str, M
     return metrics, counts, nusers
 
 
-def _pre_period(con, cfg, since: datetime) -> dict[str, dict[str, float]]:
+def _pre_period(con, cfg: Config, since: datetime) -> dict[str, dict[str, float]]:
     pre_since = since - timedelta(hours=cfg.ab.cuped_pre_hours)
     params = {"pre_since": pre_since, "since": since, **DISSATISFIED_PARAMS}
     t = con.sql(sql("pre_period"), params=params).to_arrow_table()
@@ -193,7 +193,7 @@ def _pre_period(con, cfg, since: datetime) -> dict[str, dict[str, float]]:
 
 
 def ab_verdict(
-    cfg,
+    cfg: Config,
     since: datetime,
     until: datetime | None = None,
     *,

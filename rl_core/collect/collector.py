@@ -16,6 +16,7 @@ from typing import Any
 from rl_core.collect.compact import CompactResult, compact
 from rl_core.collect.index import EventIndex
 from rl_core.collect.wal import WriteAheadLog
+from rl_core.config import Config
 from rl_core.lake import Lake
 
 log = logging.getLogger("rtrl.collect")
@@ -37,7 +38,7 @@ class Collector:
             self._thread.start()
 
     @classmethod
-    def from_config(cls, cfg, background: bool = True) -> "Collector":
+    def from_config(cls, cfg: Config, background: bool = True) -> Collector:
         s = cfg.serving
         return cls(cfg.wal_dir, Lake(cfg.lake_root), s.segment_max_bytes, s.segment_max_age_s,
                    s.compact_interval_s if background else None)

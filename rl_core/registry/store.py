@@ -69,7 +69,7 @@ def ensure_registered_model(cfg: Config, description: str = "rtrl policy checkpo
 
 
 def register_checkpoint(
-    cfg,
+    cfg: Config,
     ckpt_dir: str | Path,
     *,
     run_name: str,

@@ -47,7 +47,7 @@ class SimSpec:
                 raise ValueError(f"simulate.{name} must be > 0, got {getattr(self, name)!r}")
 
     @classmethod
-    def from_config(cls, cfg, **over) -> SimSpec:
+    def from_config(cls, cfg: Config, **over) -> SimSpec:
         s = cfg.simulate
         base = dict(users=s.users, interactions=s.interactions, rate=s.rate, concurrency=s.concurrency,
                     max_seconds=s.max_seconds, seed=s.seed, max_turns=s.max_turns, max_tokens=s.max_tokens,

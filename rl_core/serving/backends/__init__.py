@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rl_core.config import Config
 from rl_core.serving.backends.base import Backend, Generation, Sampling, StepOut
 
 __all__ = ["Backend", "Generation", "Sampling", "StepOut", "make_backend", "vllm_available"]
@@ -15,7 +16,7 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_backend(kind: str, checkpoint: str | Path, cfg, version: int) -> Backend:
+def make_backend(kind: str, checkpoint: str | Path, cfg: Config, version: int) -> Backend:
     """kind: "vllm" | "transformers" | "auto" (vLLM where it is installed, else transformers)."""
     if kind == "auto":
         kind = "vllm" if vllm_available() else "transformers"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from rl_core.config import Config
 from rl_core.runtime.procs import free_port, stop_group
 from rl_core.serving.backends.base import Generation, Sampling, StepOut, collect_stream
 
@@ -38,7 +39,7 @@ SERVED_NAME = "policy"
 class VLLMBackend:
     name = "vllm"
 
-    def __init__(self, checkpoint: str | Path, cfg, version: int):
+    def __init__(self, checkpoint: str | Path, cfg: Config, version: int):
         from transformers import AutoTokenizer
 
         self.checkpoint = str(checkpoint)
