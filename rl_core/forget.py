@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rl_core.lake import Lake
+from rl_core.config import load_config
+from rl_core.lake import Lake, lake_from_config
 from rl_core.schema import now_utc
 
 REGISTRY = "forget/registry.json"
@@ -118,9 +119,6 @@ def add_forget(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-    from rl_core.lake import lake_from_config
-
     rep = forget(lake_from_config(load_config()), args.org, args.user, args.reason)
     print(json.dumps(asdict(rep), indent=2))
     return 0

@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_core.config import Config
+from rl_core import models
+from rl_core.config import Config, load_config
+from rl_core.registry import card, promote, store
 
 
 @dataclass
@@ -23,9 +25,6 @@ class InitResult:
 
 
 def init(cfg: Config, check_generation: bool = True) -> InitResult:
-    from rl_core import models
-    from rl_core.registry import card, promote, store
-
     ckpt = models.base_checkpoint(cfg)
     sample = models.smoke_generate(ckpt) if check_generation else ""
     champion = store.version_for_alias(cfg, "champion")
@@ -49,8 +48,6 @@ def add_init(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-
     cfg = load_config()
     t0 = time.time()
     r = init(cfg, check_generation=not args.no_check)

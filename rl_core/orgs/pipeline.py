@@ -21,10 +21,19 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from evals.compare import compare, compare_policies
+from evals.harness import Budget
+from evals.policies import LocalPolicy
+from evals.report import markdown
+from evals.runner import results_table, run_suite
 from rl_core.config import Config
 from rl_core.harvest import HarvestResult, harvest
 from rl_core.lake import Lake
+from rl_core.orgs.tasks import org_tasks
+from rl_core.registry.store import checkpoint_path
 from rl_core.reports import Verdict, write_verdict
+from rl_core.rewards import score_run
+from rl_core.train.launch import train
 
 ORG_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 
@@ -68,8 +77,6 @@ def eligible_orgs(cfg: Config, run_id: str, min_episodes: int | None = None) -> 
 def prepare_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
                 org_id: str) -> HarvestResult:
     """Harvest org_id's episodes of the window into its own run folder and score them."""
-    from rl_core.rewards import score_run
-
     check_org(cfg, org_id)
     orun = org_run_id(run_id, org_id)
     result = harvest(cfg, start, end, policy_version, orun, org_id=org_id)
@@ -81,8 +88,6 @@ def prepare_org(cfg: Config, start: datetime, end: datetime, policy_version: int
 
 def train_org(cfg: Config, run_id: str, org_id: str, base_version: int):
     """LoRA update of base_version (the champion) on the org's prepared run; returns the TrainSummary."""
-    from rl_core.train.launch import train
-
     check_org(cfg, org_id)
     summary = train(org_config(cfg), org_run_id(run_id, org_id), base_version)
     if not summary.adapter or not (Path(summary.adapter) / "adapter_config.json").is_file():
@@ -108,14 +113,6 @@ def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candi
 
     Writes runs/<run_id>.<org>/eval/ (shared, verdict "eval") and eval_org/ (verdict "eval_org").
     candidate/baseline override the checkpoint-backed policies (scripted policies in tests)."""
-    from evals.compare import compare, compare_policies
-    from evals.harness import Budget
-    from evals.policies import LocalPolicy
-    from evals.report import markdown
-    from evals.runner import results_table, run_suite
-    from rl_core.orgs.tasks import org_tasks
-    from rl_core.registry.store import checkpoint_path
-
     check_org(cfg, org_id)
     orun = org_run_id(run_id, org_id)
     if candidate is None:

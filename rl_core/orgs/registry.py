@@ -20,6 +20,7 @@ from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.orgs.pipeline import check_org, org_run_id
 from rl_core.pipeline import ADAPTER_VERDICTS
+from rl_core.registry import promote, register, store
 from rl_core.reports import read_verdicts
 
 ADAPTER_PREFIX = "rtrl-adapter-"
@@ -56,8 +57,6 @@ def weights_digest(adapter_dir: Path) -> str:
 
 def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
     """Register the org run's adapter folder (the same run twice returns its existing version)."""
-    from rl_core.registry import register, store
-
     check_org(cfg, org_id)
     orun = org_run_id(run_id, org_id)
     acfg = adapter_config(cfg, org_id)
@@ -83,8 +82,6 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
 def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict, metrics: dict | None = None
                             ) -> AdapterVersion:
     """A peft adapter folder as a new version of `rtrl-adapter-<org>`; tags must hold parent_version and run_id."""
-    from rl_core.registry import store
-
     check_org(cfg, org_id)
     if "parent_version" not in tags or "run_id" not in tags:
         raise ValueError(f"adapter tags need parent_version and run_id, got {sorted(tags)}")
@@ -99,8 +96,6 @@ def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict,
 def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
     """Point the org's `live` alias at version iff every verdict the cycle requires (the data gates, the
     monitors, train, eval) and eval_org passed for the org's run."""
-    from rl_core.registry import promote
-
     verdicts = read_verdicts(Lake(cfg.lake_root), org_run_id(run_id, org_id))
     failing = [n for n in ADAPTER_VERDICTS if n not in verdicts or not verdicts[n].passed]
     if failing:
@@ -111,8 +106,6 @@ def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
 
 def live_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
     """The adapter serving org_id now (alias `live`), or None: what the gateway asks per org."""
-    from rl_core.registry import store
-
     acfg = adapter_config(cfg, org_id)
     version = store.version_for_alias(acfg, LIVE_ALIAS)
     if version is None:

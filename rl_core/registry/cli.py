@@ -11,6 +11,8 @@ import re
 import sys
 from datetime import datetime, timedelta, timezone
 
+from rl_core.config import load_config
+
 
 def parse_time(value: str) -> datetime:
     """ISO 8601 (UTC when no offset) or a relative age such as 5h, 30m, 2d (that long ago)."""
@@ -26,8 +28,6 @@ def parse_time(value: str) -> datetime:
 
 
 def _cfg():
-    from rl_core.config import load_config
-
     return load_config()
 
 
@@ -44,6 +44,7 @@ def add_register(p: argparse.ArgumentParser) -> None:
 
 
 def _register(args) -> int:
+    # imported when the subcommand runs: rtrl --help stays fast
     from rl_core.ledger import EpisodesConsumed
     from rl_core.registry.register import RegisterError, register_run
 
@@ -65,6 +66,7 @@ def add_deploy(p: argparse.ArgumentParser) -> None:
 
 
 def _deploy(args) -> int:
+    # imported when the subcommand runs: rtrl --help stays fast
     from rl_core.lake import Lake
     from rl_core.registry.deploy import deploy
     from rl_core.registry.register import find_version
@@ -96,6 +98,7 @@ def add_ab(p: argparse.ArgumentParser) -> None:
 
 
 def _ab(args) -> int:
+    # imported when the subcommand runs: rtrl --help stays fast
     from rl_core.ab.report import to_markdown
     from rl_core.ab.verdict import ab_verdict, apply_verdict
 
@@ -121,6 +124,7 @@ def add_promote(p: argparse.ArgumentParser) -> None:
 
 
 def _promote(args) -> int:
+    # imported when the subcommand runs: rtrl --help stays fast
     from rl_core.registry.promote import RegistryError, promote
 
     try:
@@ -139,6 +143,7 @@ def add_rollback(p: argparse.ArgumentParser) -> None:
 
 
 def _rollback(args) -> int:
+    # imported when the subcommand runs: rtrl --help stays fast
     from rl_core.registry.promote import RegistryError, drop_challenger, restore_previous_champion
 
     cfg = _cfg()

@@ -19,8 +19,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rl_core.config import Config
+from rl_core.config import Config, load_config
+from rl_core.cycle import airflow_env, print_report, run_cycle
+from rl_core.init import init
 from rl_core.lake import Lake
+from rl_core.registry import store
+from rl_core.registry.store import known_versions, version_for_alias
+from rl_core.reports import read_verdict
+from rl_core.rewards.monitors import score_served, version_rates
+from rl_core.runtime import warm
+from rl_core.runtime.procs import environ, exit_on_sigterm, stop
+from rl_core.serving import gateway as gw
+from rl_core.simulate.features import episode_features, feature_rates_of
 
 CURVES = ("mean_reward", "edit_persisted_rate", "eval_pass_rate", "clarifying_rate", "broken_tool_rate", "no_edit_rate",
           "kl")
@@ -77,9 +87,6 @@ def score_all_traffic(cfg: Config, report) -> str:
     harvest keeps only the policy's lag range), under run id `<run_id>-served`: what users got."""
     from datetime import datetime
 
-    from rl_core.registry.store import known_versions
-    from rl_core.rewards.monitors import score_served
-
     # every registered version: a challenger rolled back during the cycle still served its users
     newest = max(known_versions(cfg), default=1)
     return score_served(cfg, report.run_id, datetime.fromisoformat(report.start), datetime.fromisoformat(report.end),
@@ -88,9 +95,6 @@ def score_all_traffic(cfg: Config, report) -> str:
 
 def cycle_metrics(cfg: Config, k: int, report) -> CycleMetrics:
     """What one cycle's files say (all served episodes + rewards, train summary, eval verdict)."""
-    from rl_core.reports import read_verdict
-    from rl_core.rewards.monitors import version_rates
-
     lake = Lake(cfg.lake_root)
     served = score_all_traffic(cfg, report)
     eps, rws = _read(lake, served, "episodes.parquet"), _read(lake, served, "rewards.parquet")
@@ -133,8 +137,6 @@ def preferred_features(cfg: Config) -> list[str]:
 def feature_rates(episodes, per_user: list[str]) -> tuple[dict[str, dict], dict[str, dict[str, float]]]:
     """Every feature's rate over a cycle's served answers (with its 95% Wilson CI), and for the preferred
     features each user's own rate (for the paired test)."""
-    from rl_core.simulate.features import episode_features, feature_rates_of
-
     feats = [episode_features(t, c) for t, c in zip(episodes["completion_text"], episodes["tool_calls"], strict=True)]
     rates = {name: asdict(r) for name, r in feature_rates_of(feats).items()}
     users: dict[str, dict[str, float]] = {}
@@ -195,7 +197,7 @@ def plot(curves: list[CycleMetrics], path: Path) -> Path:
     return path
 
 
-def markdown(curves: list[CycleMetrics], pair: Paired | None, cfg, seconds: float,
+def markdown(curves: list[CycleMetrics], pair: Paired | None, cfg: Config, seconds: float,
              task_pair: Paired | None = None) -> str:
     def f(x, spec=".3f"):
         return "n/a" if x is None else format(x, spec)
@@ -224,8 +226,6 @@ def markdown(curves: list[CycleMetrics], pair: Paired | None, cfg, seconds: floa
 def log_mlflow(cfg: Config, curves: list[CycleMetrics], pair: Paired | None, png: Path, md: str, params: dict,
                task_pair: Paired | None = None) -> str:
     """One MLflow run in experiment `<experiment>-learning`: a metric per curve with step = cycle, PNG + table."""
-    from rl_core.registry import store
-
     c = store.client(cfg)
     exp = store.experiment_id(cfg, "learning")
     run = c.create_run(exp, run_name=f"experiment-{len(curves)}-cycles", tags={"kind": "experiment"})
@@ -270,8 +270,6 @@ def train_base(cfg: Config, train_from: str) -> int | None:
     serving as challenger when there is one (the newest policy that passed every gate), else the champion."""
     if train_from == "champion":
         return None
-    from rl_core.registry.store import version_for_alias
-
     return version_for_alias(cfg, "challenger") or version_for_alias(cfg, "champion")
 
 
@@ -280,12 +278,6 @@ def run_experiment(cfg: Config, cycles: int, interactions: int | None, out_dir: 
                    dag_id: str | None = None) -> tuple[list[CycleMetrics], Paired | None, str]:
     """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing;
     dag_id: the DAG each cycle runs (default the cycle's; the org-adapter DAG for an org experiment)."""
-    from rl_core.cycle import airflow_env, print_report, run_cycle
-    from rl_core.init import init
-    from rl_core.runtime import warm
-    from rl_core.runtime.procs import stop
-    from rl_core.serving import gateway as gw
-
     if cycles < 1:
         raise ValueError(f"cycles must be >= 1, got {cycles}")
     t0 = time.time()
@@ -356,11 +348,8 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-    from rl_core.runtime.procs import environ, exit_on_sigterm
-
     if args.protocol:
-        from rl_core.simulate import protocol
+        from rl_core.simulate import protocol  # rl_core.simulate.protocol imports this module
 
         try:
             with exit_on_sigterm():

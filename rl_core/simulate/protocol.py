@@ -29,8 +29,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl_core.config import REPO_ROOT, Config
-from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, t_interval
+from rl_core.ab.verdict import ab_verdict, apply_verdict
+from rl_core.config import REPO_ROOT, Config, load_config
+from rl_core.registry import card
+from rl_core.rewards.monitors import run_monitors
+from rl_core.runtime.procs import environ
+from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, run_experiment, t_interval
+from rl_core.simulate.org_protocol import org_summary
 
 
 class Protocol(BaseModel):
@@ -57,8 +62,6 @@ class Protocol(BaseModel):
 
 def load_protocol(path: Path) -> Protocol:
     """The protocol at path, validated; its config overrides are validated by the Config model too."""
-    from rl_core.config import load_config
-
     try:
         proto = Protocol(**tomllib.loads(path.read_text())["protocol"])
     except (KeyError, tomllib.TOMLDecodeError) as exc:
@@ -92,10 +95,6 @@ def judge_last(cfg: Config, curves: list[CycleMetrics], ab_test: bool = True) ->
     """The production checks on the measured last cycle: the monitors (v1 as the parent) over what it served,
     and `rtrl ab` over the whole experiment (v1's traffic as the champion arm, the last policy's as the
     challenger arm), applied: a promote moves `champion`. ab_test=False (org adapters: no new version)."""
-    from rl_core.ab.verdict import ab_verdict, apply_verdict
-    from rl_core.registry import card
-    from rl_core.rewards.monitors import run_monitors
-
     first, last = curves[0], curves[-1]
     mon = run_monitors(cfg, f"{last.run_id}-served", parent_version=1)
     card.log_monitors(cfg, mon)
@@ -172,10 +171,6 @@ def pooled(summaries: list[dict], proto: Protocol) -> dict:
 
 def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> dict:
     """One seed's run in its own RTRL_HOME, as the protocol says; writes summary-seed<k>.json."""
-    from rl_core.config import load_config
-    from rl_core.runtime.procs import environ
-    from rl_core.simulate.experiment import run_experiment
-
     with environ(env_of(proto, seed) | {"RTRL_HOME": str(home)}):
         cfg = load_config()
         t0 = time.time()
@@ -184,8 +179,6 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
                                       measure_last=proto.measure_last, dag_id=dag_id)
         judged = judge_last(cfg, curves, ab_test=proto.dag == "cycle")
         if proto.dag == "orgs":
-            from rl_core.simulate.org_protocol import org_summary
-
             judged["orgs"] = org_summary(cfg, proto.feature, curves)
         summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60)
     (out / f"summary-seed{seed}.json").write_text(json.dumps(summary, indent=1, sort_keys=True))

@@ -15,8 +15,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rl_core.config import Config
+from rl_core.harvest import harvest
 from rl_core.lake import Lake
+from rl_core.pipeline import judge
+from rl_core.registry import gate, store
+from rl_core.registry.deploy import deploy
 from rl_core.reports import GateFailed, Verdict, read_verdict
+from rl_core.rewards import score_run
+from rl_core.rewards.monitors import run_monitors, version_rates
 from rl_core.schema import now_utc
 from rl_core.simulate.bank import load_bank
 from rl_core.simulate.hacks import Arm, Scorer, ScriptedChat
@@ -55,8 +61,6 @@ class ScenarioReport:
 
 def register_variant(cfg: Config, variant: str, parent: int = 1) -> int:
     """A new registry version standing for a planted variant (the champion's weights, tagged as planted)."""
-    from rl_core.registry import store
-
     return store.register_checkpoint(cfg, store.checkpoint_path(cfg, parent), run_name=f"planted-{variant}",
                                      tags={"parent_version": parent, "kind": "planted", "variant": variant})
 
@@ -79,11 +83,6 @@ def check_window(cfg: Config, run_id: str, start: datetime, end: datetime, polic
     """harvest -> gate_raw -> gate_episodes -> rewards -> gate_rewards -> monitors on one window: the cycle's
     gates by their one definition (rl_core.pipeline), each recorded rather than raised so all report. The
     monitors read this run's own harvest, which holds every planted version (policy_version is the newest)."""
-    from rl_core.harvest import harvest
-    from rl_core.pipeline import judge
-    from rl_core.rewards import score_run
-    from rl_core.rewards.monitors import run_monitors
-
     values = {"run_id": run_id, "start": start, "end": end, "parent_version": parent}
     stages: list[StageOutcome] = []
     _stage(stages, "harvest", harvest, cfg, start, end, policy_version, run_id)
@@ -98,10 +97,7 @@ def check_window(cfg: Config, run_id: str, start: datetime, end: datetime, polic
 def run_scenario(cfg: Config, variants: list[str], *, interactions: int = 120, users: int = 24, seed: int = 0,
                  run_id: str = "hack-scenario") -> ScenarioReport:
     """Serve oracle (v1) + each variant to simulated users through the gateway, then run the checks."""
-    from rl_core.registry import gate, store
-    from rl_core.registry.deploy import deploy
-    from rl_core.rewards.monitors import version_rates
-    from rl_core.serving.server import build_gateway, serve_in_thread
+    from rl_core.serving.server import build_gateway, serve_in_thread  # heavy: fastapi/uvicorn, only when serving
 
     champion = store.version_for_alias(cfg, "champion")
     cfg = cfg.model_copy(deep=True)  # every variant version (lag up to len(variants)) stays in the harvest
