@@ -206,7 +206,8 @@ def test_backfill_created_while_a_scheduled_run_is_active(stack, api, scheduled)
     assert api.get(f"/dags/{DAG}/dagRuns/{scheduled['dag_run_id']}").json()["state"] in ("queued", "running")
     bf = api.post("/backfills", json={"dag_id": DAG, "from_date": starts[0].isoformat(),
                                       "to_date": (starts[-1] + period).isoformat(),  # the windows inside [from, to]
-                                      "max_active_runs": 1, "dag_run_conf": {"dry_run": True}})
+                                      "max_active_runs": 1,  # harvested by hour: mapped tasks on both workers
+                                      "dag_run_conf": {"dry_run": True, "map_hours": 1}})
     assert bf.status_code == 200, bf.text  # on PostgreSQL, no "database is locked"
     assert api.get(f"/dags/{DAG}/dagRuns/{scheduled['dag_run_id']}").json()["state"] in ("queued", "running")
     deadline = time.time() + 1200
@@ -221,6 +222,9 @@ def test_backfill_created_while_a_scheduled_run_is_active(stack, api, scheduled)
         time.sleep(5)
     backfilled = [r for r in runs if r["run_type"] == "backfill"]
     assert sorted(datetime.fromisoformat(r["data_interval_start"].replace("Z", "+00:00")) for r in backfilled) == starts
+    tis = api.get(f"/dags/{DAG}/dagRuns/{backfilled[0]['dag_run_id']}/taskInstances").json()["task_instances"]
+    parts = [t for t in tis if t["task_id"] == "harvest.part"]
+    assert len(parts) == 5 and {t["state"] for t in parts} == {"success"}, parts  # one per hour of the window
 
 
 @pytest.mark.timeout(1500)
