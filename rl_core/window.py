@@ -42,7 +42,7 @@ class Window:
 class CycleRun:
     """What every task of a cycle's DAG run reads: the window and the run's params, one typed value. On the
     wire (XCom) it is the JSON dict to_xcom makes, which the gate operators read by key; each task turns it
-    back into this with from_xcom, so no task indexes a dict or parses a timestamp itself."""
+    back into this with from_xcom, so no task indexes the run's values or parses the window itself."""
 
     window: Window
     dry_run: bool = False
