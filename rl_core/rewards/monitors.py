@@ -67,10 +67,18 @@ def _rates(row: tuple) -> dict:
             "no_edit_rate": no_edit, "mean_reward": _finite(mean_reward), "reward_std": _finite(reward_std)}
 
 
+def _split(rows: list[tuple]) -> tuple[dict[int, dict], dict[str, dict]]:
+    """The rows as (model_version -> rates over the turns the version answered itself, adapter_version ->
+    rates over the turns that org adapter answered, with its `version` and `org_id`)."""
+    versions = {int(r[0]): _rates(r) for r in rows if r[1] is None}
+    adapters = {r[1]: _rates(r) | {"version": int(r[0]), "org_id": r[2]} for r in rows if r[1] is not None}
+    return versions, adapters
+
+
 def version_rates(cfg: Config, run_id: str) -> dict[int, dict[str, float]]:
     """model_version -> {n, broken_tool_rate, clarify_rate, empty_refusal_rate, no_edit_rate, mean_reward,
-    reward_std}, over the turns each version answered itself (an org adapter's turns are adapter_rates')."""
-    return {int(row[0]): _rates(row) for row in _rate_rows(cfg, run_id) if row[1] is None}
+    reward_std}, over the turns each version answered itself (an org adapter's are judged apart)."""
+    return _split(_rate_rows(cfg, run_id))[0]
 
 
 def _finite(x: float | None) -> float | None:
@@ -176,9 +184,7 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
     run_id."""
     rc = cfg.rewards
     lake = Lake(cfg.lake_root)
-    rows = _rate_rows(cfg, rates_from or run_id)
-    rates = {int(r[0]): _rates(r) for r in rows if r[1] is None}
-    adapters = {r[1]: _rates(r) | {"version": int(r[0]), "org_id": r[2]} for r in rows if r[1] is not None}
+    rates, adapters = _split(_rate_rows(cfg, rates_from or run_id))
     reference, source = _reference(lake, run_id, rates, parent_version, rc.monitor_min_episodes)
     reasons: list[str] = []
     tripped: list[int] = []
