@@ -70,13 +70,7 @@ def measure_harvest(env: dict[str, str], run_id: str) -> dict:
 
 
 def api_client(stack):
-    import httpx
-
-    password = json.loads((stack.airflow_home / "simple_auth_manager_passwords.json.generated").read_text())
-    token = httpx.post(f"{stack.airflow_url}/auth/token",
-                       json={"username": "admin", "password": password["admin"]}).json()["access_token"]
-    client = httpx.Client(base_url=f"{stack.airflow_url}/api/v2", headers={"Authorization": f"Bearer {token}"},
-                          timeout=60)
+    client = stack.airflow_api(timeout=60)
     deadline = time.time() + 300
     while client.get(f"/dags/{DAG}").status_code != 200:  # the dag-processor has not parsed it yet
         if time.time() > deadline:

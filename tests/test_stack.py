@@ -13,7 +13,6 @@ Skipped where Debian's postgresql and redis-server are not installed (`make sysd
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import time
@@ -66,13 +65,7 @@ def left_behind(s: Stack) -> list[str]:
 
 @pytest.fixture(scope="module")
 def api(stack):
-    import httpx
-
-    password = (stack.airflow_home / "simple_auth_manager_passwords.json.generated").read_text()
-    token = httpx.post(f"{stack.airflow_url}/auth/token",
-                       json={"username": "admin", "password": json.loads(password)["admin"]}).json()["access_token"]
-    client = httpx.Client(base_url=f"{stack.airflow_url}/api/v2", headers={"Authorization": f"Bearer {token}"},
-                          timeout=30)
+    client = stack.airflow_api()
     deadline = time.time() + 180
     while client.get(f"/dags/{DAG}").status_code != 200:  # the dag-processor has not parsed it yet
         assert time.time() < deadline, (stack.logs / "airflow-dag-processor.log").read_text()[-3000:]

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.cycle import airflow_env, bin_path
 from rl_core.runtime.procs import answers
@@ -102,6 +104,14 @@ class Stack:
     @property
     def airflow_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.airflow}"
+
+    def airflow_api(self, timeout: float = 30) -> httpx.Client:
+        """A client of Airflow's REST API (/api/v2) signed in as the simple auth manager's admin."""
+        password = json.loads((self.airflow_home / "simple_auth_manager_passwords.json.generated").read_text())
+        token = httpx.post(f"{self.airflow_url}/auth/token", json={"username": "admin", "password": password["admin"]},
+                           timeout=timeout).json()["access_token"]
+        return httpx.Client(base_url=f"{self.airflow_url}/api/v2", headers={"Authorization": f"Bearer {token}"},
+                            timeout=timeout)
 
     @property
     def s3_url(self) -> str:
