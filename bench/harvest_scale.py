@@ -5,7 +5,7 @@
 1. Generates a 5-hour window of --n interactions with their feedback (rl_core.testing.synth, in --chunks
    chunks so the generator's own memory stays small; not timed) into an embedded (local) lake, and a second,
    earlier window of --dag-n interactions.
-2. Starts the stack on free ports in a temporary folder (PostgreSQL, Redis, moto's S3 server, the MLflow
+2. Starts the stack on free ports in a temporary folder (PostgreSQL, Redis, the S3 server, the MLflow
    server, Airflow with the CeleryExecutor and two workers) and copies both windows into its S3 lake.
 3. Harvests the big window in a fresh process from each lake (`rl_core.harvest.harvest`, as the DAG's task
    does): wall seconds and the process's peak RSS (its own ru_maxrss: interpreter and imports included).
@@ -13,7 +13,7 @@
 4. Over Airflow's REST API, a dry-run DAG run of the second window with `map_hours` 0 (one harvest task),
    then one with `map_hours` 1 (five mapped tasks on the two Celery workers), each stopped once its harvest
    group is done: the group's wall time from its task instances, and the two runs' episodes compared.
-Prints markdown tables. Needs Debian's postgresql and redis-server (`make sysdeps`) and an idle machine.
+Prints markdown tables, each row as it is measured. Needs Debian's postgresql and redis-server (`make sysdeps`) and an idle machine.
 """
 
 from __future__ import annotations
@@ -70,12 +70,7 @@ def measure_harvest(env: dict[str, str], run_id: str) -> dict:
 
 
 def api_client(stack):
-    client = stack.airflow_api(timeout=60)
-    deadline = time.time() + 300
-    while client.get(f"/dags/{DAG}").status_code != 200:  # the dag-processor has not parsed it yet
-        if time.time() > deadline:
-            raise RuntimeError("the DAG was not parsed in 5 min")
-        time.sleep(2)
+    client = stack.airflow_api(timeout=60, wait_for=DAG)
     # a paused DAG's manual runs stay queued; unpaused, the scheduler first runs the latest grid interval (no
     # traffic there: it skips at harvest) and the manual runs queue behind it (max_active_runs 1)
     client.patch(f"/dags/{DAG}", json={"is_paused": False}).raise_for_status()
@@ -135,7 +130,8 @@ def upload(local: str, stack) -> None:
         raise RuntimeError("the S3 lake does not hold every file of the local one")
 
 
-def run(args, tmp: Path) -> list[str]:
+def run(args, tmp: Path) -> None:
+    """Prints each table row as soon as it is measured (a late failure keeps the rows before it)."""
     from rl_core.config import load_config
     from rl_core.stack.cli import down, up
     from rl_core.stack.parts import Ports, Stack
@@ -149,30 +145,29 @@ def run(args, tmp: Path) -> list[str]:
         try:
             up(s)
             upload(local, s)
-            rows = [("embedded (local disk)", measure_harvest({**base, "RTRL_HOME": str(tmp / "home"),
-                                                               "RTRL_LAKE__ROOT": local}, "scale-local")),
-                    ("S3 (moto server, s3fs + DuckDB)", measure_harvest({**base, **s.env()}, "scale-s3"))]
-            api = api_client(s)
-            one = harvest_group(api, 0)
-            single = episodes_of(load_config())
-            mapped = harvest_group(api, 1)
-            same = single.equals(episodes_of(load_config()))
+            say(f"Harvest of one 5-hour window of {args.n:,} interactions (policy v1, every turn an episode):", "",
+                "| lake | episodes | wall s | interactions/s | peak RSS GB |", "|---|---:|---:|---:|---:|")
+            for name, env, run_id in (("embedded (local disk)", {**base, "RTRL_HOME": str(tmp / "home"),
+                                                                   "RTRL_LAKE__ROOT": local}, "scale-local"),
+                                      ("S3 (stack's moto server; s3fs + DuckDB)", {**base, **s.env()}, "scale-s3")):
+                r = measure_harvest(env, run_id)
+                say(f"| {name} | {r['episodes']:,} | {r['wall_s']:.1f} | {args.n / r['wall_s']:,.0f} | "
+                    f"{r['rss_gb']:.2f} |")
+            say("", f"The DAG's harvest group over {args.dag_n:,} interactions on the stack (two Celery workers, "
+                "S3 lake):", "", "| harvest | tasks | most running at once | group wall s | sum of part task s |",
+                "|---|---:|---:|---:|---:|")
+            api, episodes = api_client(s), []
+            for name, map_hours in (("one task (map_hours 0)", 0), ("by hour (map_hours 1)", 1)):
+                r = harvest_group(api, map_hours)
+                episodes.append(episodes_of(load_config()))
+                say(f"| {name} | {r['tasks']} | {r['at_once']} | {r['wall_s']:.1f} | {r['part_s']:.1f} |")
+            say("", f"episodes identical: {episodes[0].equals(episodes[1])} ({episodes[0].num_rows:,} rows)")
         finally:
             down(s, purge=True)
-    return table(args, rows, one, mapped, same, single.num_rows)
 
 
-def table(args, rows, one: dict, mapped: dict, same: bool, n_episodes: int) -> list[str]:
-    out = [f"Harvest of one 5-hour window of {args.n:,} interactions (policy v1, every turn an episode):", "",
-           "| lake | episodes | wall s | interactions/s | peak RSS GB |", "|---|---:|---:|---:|---:|"]
-    out += [f"| {name} | {r['episodes']:,} | {r['wall_s']:.1f} | {args.n / r['wall_s']:,.0f} | {r['rss_gb']:.2f} |"
-            for name, r in rows]
-    out += ["", f"The DAG's harvest group over {args.dag_n:,} interactions on the stack (two Celery workers, S3 lake):",
-            "", "| harvest | tasks | most running at once | group wall s | sum of part task s |", "|---|---:|---:|---:|---:|"]
-    for name, r in (("one task (map_hours 0)", one), ("by hour (map_hours 1)", mapped)):
-        out.append(f"| {name} | {r['tasks']} | {r['at_once']} | {r['wall_s']:.1f} | {r['part_s']:.1f} |")
-    out += ["", f"episodes identical: {same} ({n_episodes:,} rows)"]
-    return out
+def say(*lines: str) -> None:
+    print("\n".join(lines), flush=True)
 
 
 def main() -> None:
@@ -185,7 +180,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=20, help="generator chunks for the big window")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rtrl-scale-") as tmp:
-        print("\n".join(run(args, Path(tmp))))
+        run(args, Path(tmp))
 
 
 if __name__ == "__main__":

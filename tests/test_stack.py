@@ -65,12 +65,7 @@ def left_behind(s: Stack) -> list[str]:
 
 @pytest.fixture(scope="module")
 def api(stack):
-    client = stack.airflow_api()
-    deadline = time.time() + 180
-    while client.get(f"/dags/{DAG}").status_code != 200:  # the dag-processor has not parsed it yet
-        assert time.time() < deadline, (stack.logs / "airflow-dag-processor.log").read_text()[-3000:]
-        time.sleep(2)
-    return client
+    return stack.airflow_api(wait_for=DAG, wait_s=180)
 
 
 def stack_cfg(s: Stack):

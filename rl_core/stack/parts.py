@@ -2,7 +2,8 @@
 
     postgres        Debian's PostgreSQL, one cluster in var/stack/pg: Airflow's and MLflow's databases
     redis           Debian's redis-server: the Celery broker
-    s3              an S3 endpoint (moto's server): the lake (s3://rtrl-lake/lake) and MLflow's artifacts
+    s3              an S3 endpoint (moto's server, rl_core/stack/s3server.py): the lake (s3://rtrl-lake/lake)
+                    and MLflow's artifacts
     mlflow          the tracking server and registry on PostgreSQL, artifacts proxied to s3://rtrl-mlflow
     airflow-*       api-server (UI, REST v2, execution API), scheduler (CeleryExecutor), dag-processor,
                     triggerer, and two Celery workers that run the tasks
@@ -14,7 +15,8 @@ var/stack/pids/. `up` is idempotent: a part that answers is left alone. The stac
 production settings from the environment that `rtrl stack env` prints (the lake on S3, the MLflow server),
 so `eval "$(rtrl stack env)"` points any rtrl command (`rtrl serve`, `rtrl simulate`) at the stack.
 
-moto keeps objects in memory: `down` loses the lake and the artifacts while PostgreSQL keeps the registry;
+moto keeps its objects in the server process (spooled to var/stack/s3 above 5 MB): `down` loses the lake and
+the artifacts while PostgreSQL keeps the registry;
 `down --purge` removes var/stack so the next `up` starts clean. Production points AWS_ENDPOINT_URL at nothing
 (real S3) and the URIs at managed servers; the code path (s3fs, DuckDB through it, MLflow's S3 store) is the same.
 """
@@ -31,6 +33,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,13 +108,21 @@ class Stack:
     def airflow_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.airflow}"
 
-    def airflow_api(self, timeout: float = 30) -> httpx.Client:
-        """A client of Airflow's REST API (/api/v2) signed in as the simple auth manager's admin."""
+    def airflow_api(self, timeout: float = 30, wait_for: str | None = None, wait_s: float = 300) -> httpx.Client:
+        """A client of Airflow's REST API (/api/v2) signed in as the simple auth manager's admin; with wait_for,
+        once the dag-processor has parsed that DAG (StackError after wait_s, with its log's tail)."""
         password = json.loads((self.airflow_home / "simple_auth_manager_passwords.json.generated").read_text())
         token = httpx.post(f"{self.airflow_url}/auth/token", json={"username": "admin", "password": password["admin"]},
                            timeout=timeout).json()["access_token"]
-        return httpx.Client(base_url=f"{self.airflow_url}/api/v2", headers={"Authorization": f"Bearer {token}"},
-                            timeout=timeout)
+        client = httpx.Client(base_url=f"{self.airflow_url}/api/v2", headers={"Authorization": f"Bearer {token}"},
+                              timeout=timeout)
+        deadline = time.monotonic() + wait_s
+        while wait_for and client.get(f"/dags/{wait_for}").status_code != 200:
+            if time.monotonic() > deadline:
+                log = (self.logs / "airflow-dag-processor.log").read_text()[-3000:]
+                raise StackError(f"the dag-processor did not parse {wait_for} in {wait_s:.0f} s:\n{log}")
+            time.sleep(2)
+        return client
 
     @property
     def s3_url(self) -> str:
@@ -269,6 +280,12 @@ def _redis_argv(s: Stack) -> list[str]:
             "--dir", str(s.root / "redis"), "--save", "", "--appendonly", "no"]
 
 
+def _s3_env(s: Stack) -> dict[str, str]:
+    """moto spools every object over 5 MB to a temp file: under var/stack/s3, which `down --purge` removes."""
+    (s.root / "s3").mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(s.root / "s3")}
+
+
 def _s3_ready(s: Stack) -> None:
     import boto3
 
@@ -361,8 +378,8 @@ def register_base(s: Stack) -> None:
 PARTS: tuple[Part, ...] = (
     Part("postgres", _pg_argv, _pg_healthy, prepare=_pg_prepare, ready=_pg_ready, user=_pg_user),
     Part("redis", _redis_argv, _redis_healthy),
-    Part("s3", lambda s: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s.ports.s3)],
-         lambda s: answers(f"{s.s3_url}/moto-api/"), ready=_s3_ready),
+    Part("s3", lambda s: [sys.executable, "-m", "rl_core.stack.s3server", "-H", "127.0.0.1", "-p", str(s.ports.s3)],
+         lambda s: answers(f"{s.s3_url}/moto-api/"), env=_s3_env, ready=_s3_ready),
     Part("mlflow", _mlflow_argv, lambda s: answers(f"{s.mlflow_url}/health"), env=_mlflow_env, start_s=180),
     Part("airflow-apiserver", lambda s: [bin_path("airflow"), "api-server", "--port", str(s.ports.airflow)],
          lambda s: _component_healthy("metadatabase")(s), env=Stack.airflow_env, prepare=_airflow_prepare, start_s=240),
