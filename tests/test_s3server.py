@@ -7,50 +7,34 @@ where moto alone holds a completed upload twice, a copy once and the whole objec
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 import tracemalloc
 
 import boto3
 import botocore.exceptions
 import pytest
 
+from rl_core.runtime import procs
+
 s3fs = pytest.importorskip("s3fs")
 
 MB = 2**20
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port, spool = _free_port(), tmp_path_factory.mktemp("s3spool")
-    proc = subprocess.Popen([sys.executable, "-m", "rl_core.stack.s3server", "-H", "127.0.0.1", "-p", str(port)],
-                            env={**os.environ, "TMPDIR": str(spool)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    endpoint = f"http://127.0.0.1:{port}"
+    port, spool = procs.free_port(), tmp_path_factory.mktemp("s3spool")
+    endpoint, log = f"http://127.0.0.1:{port}", spool / "s3server.log"
+    proc = procs.start([sys.executable, "-m", "rl_core.stack.s3server", "-H", "127.0.0.1", "-p", str(port)],
+                       {**os.environ, "TMPDIR": str(spool)}, log)
+    procs.wait_http(f"{endpoint}/moto-api/", 60, proc, log)  # the stack's own health check
     s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s",
                       region_name="us-east-1")
-    deadline = time.time() + 60
-    while True:
-        try:
-            s3.create_bucket(Bucket="lake")
-            break
-        except botocore.exceptions.EndpointConnectionError:  # not listening yet
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"the S3 server did not start: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.3)
+    s3.create_bucket(Bucket="lake")
     fs = s3fs.S3FileSystem(key="k", secret="s", client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
                            skip_instance_cache=True)
     yield proc, fs, s3
-    proc.kill()
-    proc.wait()
+    procs.stop(proc)
 
 
 def test_multipart_copy_and_ranges_round_trip(server):
