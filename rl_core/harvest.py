@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -100,48 +101,75 @@ def excluded_table(cfg: Config, lake: Lake) -> pa.Table:
 LAKE_COLUMNS = [n for n in EPISODES_SCHEMA.names if n in INTERACTIONS_SCHEMA.names]
 
 
-def _read_lake_columns(lake: Lake, path: str, rows: pa.ChunkedArray) -> pa.Table:
-    """LAKE_COLUMNS of rows `rows` (sorted file_row_numbers) of one interaction file."""
-    with contextlib.ExitStack() as stack:
-        src = path if lake.is_local else stack.enter_context(lake.fs.open(path, "rb"))  # local: native reads
-        pf = pq.ParquetFile(src)
-        have = set(pf.schema_arrow.names)
-        table = pf.read(columns=[c for c in LAKE_COLUMNS if c in have])
-    if rows.length() != table.num_rows:
-        table = table.take(rows)
-    for c in LAKE_COLUMNS:  # files written before a column existed
-        if c not in have:
+READ_ROWS = 8_192  # rows decoded at once from an interaction file: its wide columns are ~1 KB a row
+
+
+class _FileCursor:
+    """The LAKE_COLUMNS of one interaction file, decoded forward READ_ROWS at a time, taking the rows asked
+    for: in memory, one row group compressed (Arrow reads it in a few large ranges, which S3 wants) and one
+    batch decoded, never the file decoded whole (a bench file of 500k interactions decodes to ~1.2 GB).
+    Rows must be asked for in increasing order, which is the order sql/harvest.sql returns them in."""
+
+    def __init__(self, lake: Lake, path: str):
+        self.name, self._stack = path, contextlib.ExitStack()
+        src = path if lake.is_local else self._stack.enter_context(lake.fs.open(path, "rb"))  # local: native reads
+        pf = self._stack.enter_context(pq.ParquetFile(src))
+        self.missing = [c for c in LAKE_COLUMNS if c not in pf.schema_arrow.names]  # files older than a column
+        self._batches = pf.iter_batches(batch_size=READ_ROWS, columns=[c for c in LAKE_COLUMNS
+                                                                          if c not in self.missing])
+        self._batch, self._offset = None, 0  # the decoded batch and the file row number of its first row
+
+    def take(self, rows: np.ndarray) -> pa.Table:
+        """The rows with these file row numbers (sorted, all after any asked for before), as a table."""
+        pieces, i = [], 0
+        while i < len(rows):
+            if self._batch is None or rows[i] >= self._offset + self._batch.num_rows:
+                self._offset += 0 if self._batch is None else self._batch.num_rows
+                self._batch = next(self._batches, None)
+                if self._batch is None:
+                    raise ValueError(f"{self.name} has no row {rows[i]} (it changed while being harvested?)")
+                continue
+            j = int(np.searchsorted(rows, self._offset + self._batch.num_rows))
+            lo, hi = int(rows[i]) - self._offset, int(rows[j - 1]) - self._offset
+            contiguous = hi - lo == j - i - 1  # every row of a stretch: a zero-copy slice instead of a take
+            pieces.append(self._batch.slice(lo, j - i) if contiguous else self._batch.take(rows[i:j] - self._offset))
+            i = j
+        table = pa.Table.from_batches(pieces)
+        for c in self.missing:
             field = EPISODES_SCHEMA.field(c)
             table = table.append_column(field, pa.nulls(table.num_rows, field.type))
-    return table
+        return table.select(LAKE_COLUMNS)
+
+    def close(self) -> None:
+        self._stack.close()
 
 
-def _episode_batches(lake: Lake, joined: pa.Table, paths: dict[str, str]):
-    """Episodes file by file, in lake order: the lake columns of the selected rows of each interaction
-    file beside what sql/harvest.sql joined to them (its rows are ordered by filename, file_row_number).
-    One file is read ahead in a thread while the previous one is written (Arrow releases the GIL for
-    both), and no more than two are in memory: a window never sits in memory whole."""
-    if not joined.num_rows:
-        return
-    names = joined["filename"].combine_chunks()
-    extra = joined.drop_columns(["filename", "file_row_number"])
-    bounds = [0] + pc.run_end_encode(names).run_ends.to_pylist()  # one run per file
-    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-
-    def read(span: tuple[int, int]) -> pa.Table:
-        lo, hi = span
-        return _read_lake_columns(lake, paths[names[lo].as_py()], joined["file_row_number"].slice(lo, hi - lo))
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        ahead = pool.submit(read, spans[0])
-        for i, (lo, hi) in enumerate(spans):
-            table = ahead.result()
-            if i + 1 < len(spans):
-                ahead = pool.submit(read, spans[i + 1])
-            part = extra.slice(lo, hi - lo)
-            for c in part.column_names:
-                table = table.append_column(c, part[c])
+def _episode_batches(lake: Lake, joined: pa.RecordBatchReader, paths: dict[str, str]):
+    """Episodes in lake order: what sql/harvest.sql joined to each selected interaction (streamed from DuckDB,
+    ordered by filename, file_row_number) beside the lake columns of that interaction, read forward from its
+    file. Neither the join's result nor a file is ever in memory whole: a batch of each at a time."""
+    cursor = None
+    try:
+        for batch in joined:
+            if not batch.num_rows:
+                continue
+            names, tables = batch.column("filename"), []
+            bounds = [0] + pc.run_end_encode(names).run_ends.to_pylist()  # one run per file
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                path = paths[names[lo].as_py()]
+                if cursor is None or cursor.name != path:
+                    if cursor is not None:
+                        cursor.close()
+                    cursor = _FileCursor(lake, path)
+                tables.append(cursor.take(batch.column("file_row_number").slice(lo, hi - lo).to_numpy()))
+            table = pa.concat_tables(tables).combine_chunks()  # one row group per batch in the episodes file
+            for c in batch.schema.names:
+                if c not in ("filename", "file_row_number"):
+                    table = table.append_column(c, batch.column(c))
             yield from table.to_batches()
+    finally:
+        if cursor is not None:
+            cursor.close()
 
 
 # --- the stage ----------------------------------------------------------------------------------------
@@ -167,11 +195,14 @@ def plan_parts(start: datetime, end: datetime, hours: int,
     return list(zip(cuts, [*cuts[1:], end], strict=True))
 
 
-def _select(cfg: Config, lake: Lake, ifiles: list[str], ffiles: list[str], counts: dict,
-            grace_end: datetime, lineage: Lineage | None) -> tuple[pa.Table, tuple[int, int, int], list[dict], int]:
-    """sql/harvest.sql over the bound files: the episodes' places in the lake and what the join adds, the
-    window's counts (all, excluded, consumed), who consumed what, and the number of exclusion rules."""
-    from rl_core.ledger import bind_consumed  # the ledger reads the lake through this module's helpers
+@contextlib.contextmanager
+def _select(cfg: Config, lake: Lake, ifiles: list[str], ffiles: list[str], counts: dict, grace_end: datetime,
+            lineage: Lineage | None) -> Iterator[tuple[pa.RecordBatchReader, tuple[int, int, int], list[dict], int]]:
+    """sql/harvest.sql over the bound files, streamed: a reader of the episodes' places in the lake and what
+    the join adds (DuckDB sorts within harvest.duckdb_memory_limit, spilling past it), the window's counts
+    (all, excluded, consumed), who consumed what, and the number of exclusion rules. The connection lives
+    as long as the context, so the reader is read inside it."""
+    from rl_core.ledger import bind_consumed  # lazy: circular (the ledger reads the lake through this module)
 
     hc = cfg.harvest
     params = counts | {"grace_end": grace_end, "granularity": hc.granularity, "discount": hc.session_discount}
@@ -185,10 +216,10 @@ def _select(cfg: Config, lake: Lake, ifiles: list[str], ffiles: list[str], count
         n = con.execute(load_sql("harvest_counts.sql"), counts).fetchall()[0]
         consumed_by = [{"run_id": r, "version": int(v), "n": int(k)} for r, v, k in con.execute(
             load_sql("ledger/consumed_in_window.sql"), counts).fetchall()] if n[2] else []
-        joined = con.sql(load_sql("harvest.sql"), params=params).to_arrow_table()
+        joined = con.sql(load_sql("harvest.sql"), params=params).to_arrow_reader(BATCH_ROWS)
+        yield joined, (int(n[0]), int(n[1]), int(n[2])), consumed_by, excluded.num_rows
     finally:
         con.close()
-    return joined, (int(n[0]), int(n[1]), int(n[2])), consumed_by, excluded.num_rows
 
 
 def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
@@ -218,11 +249,11 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
     ffiles = lake.list_window("feedback", start, grace_end)
     counts = {"start": lo, "end": hi, "org_id": org_id, "policy_version": policy_version,
               "max_staleness": hc.max_staleness, "run_id": run_id}
-    joined, (n_window, n_excluded, n_consumed), consumed_by, n_rules = _select(
-        cfg, lake, ifiles, ffiles, counts, grace_end, lineage)
-    batches = _episode_batches(lake, joined, dict(zip(file_urls(lake, ifiles), ifiles, strict=True)))
     out = run.episodes if part is None else run.part(lo)
-    path, n_rows, n_fb = write_stream(lake, out, batches, EPISODES_SCHEMA)
+    with _select(cfg, lake, ifiles, ffiles, counts, grace_end, lineage) as (
+            joined, (n_window, n_excluded, n_consumed), consumed_by, n_rules):
+        batches = _episode_batches(lake, joined, dict(zip(file_urls(lake, ifiles), ifiles, strict=True)))
+        path, n_rows, n_fb = write_stream(lake, out, batches, EPISODES_SCHEMA)
     result = HarvestResult(
         run_id=run_id, path=path, start=lo.isoformat(), end=hi.isoformat(), policy_version=policy_version,
         granularity=hc.granularity, n_interactions=n_window, n_episodes=n_rows,
