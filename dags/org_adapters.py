@@ -26,15 +26,15 @@ except ImportError:  # plugins folder not on sys.path
     from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
-from rl_core.window import SCHEDULE_ANCHOR, CycleRun
+from rl_core.lake import Lake
+from rl_core.window import SCHEDULE_ANCHOR, CycleRun, resolve_window
 
 AF = load_config().airflow
 
 
 @task(retries=0, doc_md="The harvest window and run id (as realtime_rl resolves them) and the policy version.")
 def window() -> dict:
-    from rl_core.registry.store import version_for_alias
-    from rl_core.window import resolve_window
+    from rl_core.registry.store import version_for_alias  # lazy: keeps DAG parsing light
 
     ctx = get_current_context()
     p = ctx["params"]
@@ -49,7 +49,7 @@ def window() -> dict:
 @task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
       doc_md="The window's episodes (opt-out and forget applied) and the orgs with enough of them.")
 def org_targets(w: dict) -> list[str]:
-    from rl_core.harvest import harvest
+    from rl_core.harvest import harvest  # lazy: keeps DAG parsing light
     from rl_core.ledger import lineage_of
     from rl_core.orgs.branch import org_targets as targets
 
@@ -65,7 +65,7 @@ def org_targets(w: dict) -> list[str]:
 @task(pool=AF.training_pool, retries=0, map_index_template="{{ org }}",
       doc_md="One org end to end; raises on failure, which fails only this org's instance.")
 def adapt_org(w: dict, org: str) -> dict:
-    from rl_core.orgs.branch import adapt_org as run
+    from rl_core.orgs.branch import adapt_org as run  # lazy: keeps DAG parsing light
 
     cycle = CycleRun.from_xcom(w)
     out = run(load_config(), cycle.window.start, cycle.window.end, cycle.policy, cycle.run_id, org,
@@ -76,8 +76,7 @@ def adapt_org(w: dict, org: str) -> dict:
 
 @task(trigger_rule="all_done", retries=0, doc_md="Each org's outcome, read back from its run folder and MLflow.")
 def report(w: dict, orgs: list[str]) -> dict:
-    from rl_core.lake import Lake
-    from rl_core.orgs.pipeline import org_run_id
+    from rl_core.orgs.pipeline import org_run_id  # lazy: keeps DAG parsing light
     from rl_core.orgs.registry import live_adapter
 
     cfg = load_config()

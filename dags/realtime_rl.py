@@ -26,11 +26,12 @@ This file holds no business logic: every task calls rl_core (design.md, "the cyc
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import Asset, Param, TaskGroup, dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 try:
     from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
@@ -41,8 +42,10 @@ except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configu
     from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
+from rl_core.lake import Lake
 from rl_core.pipeline import check_dag
-from rl_core.window import SCHEDULE_ANCHOR, CycleRun
+from rl_core.reports import read_verdict
+from rl_core.window import SCHEDULE_ANCHOR, CycleRun, resolve_window
 
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
 
@@ -64,8 +67,6 @@ HEAVY = {"pool": AF.training_pool, "retries": 1, "retry_delay": timedelta(second
 @task(retries=0, doc_md="Resolve the harvest window and rtrl run id (`runs/<run_id>/` in the lake, the `run_id` "
                         "tag in MLflow) from the params or the data interval; its return value shows both ids.")
 def window() -> dict:
-    from rl_core.window import resolve_window
-
     ctx = get_current_context()
     w = resolve_window(
         ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours
@@ -80,7 +81,7 @@ def window() -> dict:
 @task(**IO_RETRIES, doc_md="Harvest and score every turn the window served, by every version (`<run_id>-served`): "
                            "what the monitors judge.")
 def served(w: dict) -> dict:
-    from rl_core.registry.store import known_versions, version_for_alias
+    from rl_core.registry.store import known_versions, version_for_alias  # lazy: keeps DAG parsing light
     from rl_core.rewards.monitors import score_served
 
     cfg = load_config()
@@ -97,9 +98,7 @@ def served(w: dict) -> dict:
       doc_md="The monitors' consequence: a tripped live challenger leaves traffic (alias removed, tagged "
              "rolled_back); the monitor rates go on each judged version's MLflow run.")
 def rollback(w: dict) -> str:
-    from rl_core.lake import Lake
-    from rl_core.registry import card, promote
-    from rl_core.reports import read_verdict
+    from rl_core.registry import card, promote  # lazy: keeps DAG parsing light
 
     cfg, run = load_config(), CycleRun.from_xcom(w)
     verdict = read_verdict(Lake(cfg.lake_root), run.run_id, "monitors")
@@ -115,7 +114,7 @@ def rollback(w: dict) -> str:
 @task(**IO_RETRIES, doc_md="A/B verdict for the live challenger from logged outcomes (only once the monitors "
                            "passed); promote, roll back or keep collecting.")
 def ab_verdict(w: dict) -> dict:
-    from rl_core.ab.verdict import ab_verdict as compute
+    from rl_core.ab.verdict import ab_verdict as compute  # lazy: keeps DAG parsing light
     from rl_core.ab.verdict import apply_verdict
 
     cfg, run = load_config(), CycleRun.from_xcom(w)
@@ -130,7 +129,7 @@ def ab_verdict(w: dict) -> dict:
              "for the mapped harvest: one per `map_hours` hours (the param, else `[harvest] map_hours`), or the "
              "whole window when it is 0.")
 def plan(w: dict, _ab: dict) -> list[dict]:
-    from rl_core.harvest import plan_parts
+    from rl_core.harvest import plan_parts  # lazy: keeps DAG parsing light
     from rl_core.registry.store import version_for_alias
 
     cfg, run = load_config(), CycleRun.from_xcom(w)
@@ -148,9 +147,7 @@ def plan(w: dict, _ab: dict) -> list[dict]:
       doc_md="Harvest one part of the window (its own hour partitions of the lake, the window's feedback), on "
              "whichever worker takes it; a window planned as one part is written in place.")
 def part(job: dict) -> dict:
-    from dataclasses import asdict
-
-    from rl_core.harvest import harvest as run_harvest
+    from rl_core.harvest import harvest as run_harvest  # lazy: keeps DAG parsing light
     from rl_core.ledger import lineage_of
 
     cfg, run = load_config(), CycleRun.from_xcom(job)
@@ -169,9 +166,7 @@ def part(job: dict) -> dict:
              "trained on (the ledger): the parts merged in time order. Skips the rest of the cycle, with the "
              "reason, when there is nothing new.")
 def harvest(w: dict, parts: list[dict]) -> dict:
-    from airflow.sdk.exceptions import AirflowSkipException
-
-    from rl_core.harvest import HarvestResult, merge_parts
+    from rl_core.harvest import HarvestResult, merge_parts  # lazy: keeps DAG parsing light
 
     run = CycleRun.from_xcom(w)
     win = run.window
@@ -186,7 +181,7 @@ def harvest(w: dict, parts: list[dict]) -> dict:
 
 @task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
 def score(w: dict) -> dict:
-    from rl_core.rewards import score_run
+    from rl_core.rewards import score_run  # lazy: keeps DAG parsing light
 
     r = score_run(load_config(), CycleRun.from_xcom(w).run_id)
     print(f"rewards: {r}")
@@ -195,7 +190,7 @@ def score(w: dict) -> dict:
 
 @task(pool=AF.training_pool, retries=1, outlets=[EVAL], doc_md="Paired eval: candidate vs its parent on the suite.")
 def evaluate(w: dict, trained: dict) -> dict:
-    from evals.compare import evaluate as run_eval
+    from evals.compare import evaluate as run_eval  # lazy: keeps DAG parsing light
 
     run = CycleRun.from_xcom(w)
     cmp = run_eval(load_config(), run.run_id, trained["checkpoint"], run.policy)
@@ -206,9 +201,7 @@ def evaluate(w: dict, trained: dict) -> dict:
 
 @task(**IO_RETRIES, outlets=[REGISTRY], doc_md="Register the checkpoint as a new MLflow version with lineage tags.")
 def register(w: dict, _evaluated: dict) -> int | None:
-    from airflow.sdk.exceptions import AirflowSkipException
-
-    from rl_core.ledger import EpisodesConsumed
+    from rl_core.ledger import EpisodesConsumed  # lazy: keeps DAG parsing light
     from rl_core.registry.register import register_run
 
     run = CycleRun.from_xcom(w)
@@ -226,7 +219,7 @@ def register(w: dict, _evaluated: dict) -> int | None:
 
 @task(**IO_RETRIES, doc_md="Alias `challenger` -> the new version (only after every gate passed).")
 def deploy(w: dict, version: int, _gate: dict) -> dict:
-    from rl_core.registry.deploy import deploy as run_deploy
+    from rl_core.registry.deploy import deploy as run_deploy  # lazy: keeps DAG parsing light
 
     moved = bool(run_deploy(load_config(), CycleRun.from_xcom(w).run_id, int(version)))
     print(f"deploy version {version}: alias challenger {'moved' if moved else 'NOT moved'}")

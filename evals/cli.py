@@ -10,11 +10,16 @@ an OpenAI-compatible endpoint; print the table; log metrics and a markdown/PNG r
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
 
-from rl_core.config import Config
+from evals import humaneval, report
+from evals.harness import Budget
+from evals.policies import LocalPolicy, OpenAIPolicy
+from evals.tasks import load_tasks
+from rl_core.config import Config, load_config
 
 
 def add_eval(p: argparse.ArgumentParser) -> None:
@@ -36,8 +41,7 @@ def add_eval(p: argparse.ArgumentParser) -> None:
 
 
 def _policy(cfg: Config, args, version: int | None):
-    from evals.policies import LocalPolicy, OpenAIPolicy
-    from rl_core.registry.store import checkpoint_path
+    from rl_core.registry.store import checkpoint_path  # lazy: keeps rtrl --help fast (pyarrow)
 
     if args.base_url:
         return OpenAIPolicy(args.base_url, args.model, args.api_key)
@@ -47,8 +51,6 @@ def _policy(cfg: Config, args, version: int | None):
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-
     cfg = load_config()
     suite = args.suite or cfg.eval.suite
     workers = args.workers or cfg.eval.workers
@@ -61,8 +63,6 @@ def _run(args) -> int:
 
 
 def _humaneval(cfg: Config, args, workers: int) -> int:
-    from evals import humaneval
-
     problems = humaneval.load_problems()
     if args.limit:
         problems = problems[: args.limit]
@@ -88,11 +88,8 @@ def _humaneval(cfg: Config, args, workers: int) -> int:
 
 
 def _cursorbench(cfg: Config, args, workers: int) -> int:
-    from evals import report
-    from evals.compare import compare_policies
-    from evals.harness import Budget
+    from evals.compare import compare_policies  # lazy: keeps rtrl --help fast (pyarrow)
     from evals.runner import aggregate, results_table, run_suite
-    from evals.tasks import load_tasks
     from rl_core.lake import lake_from_config
 
     if args.limit is not None:
@@ -124,10 +121,7 @@ def _cursorbench(cfg: Config, args, workers: int) -> int:
 
 def _log_mlflow(cfg: Config, version: int, metrics: dict[str, float], columns: dict, text: str | None = None) -> None:
     """Metrics (eval/*) plus report.md / report.png as artifacts of the version's own MLflow run."""
-    import math
-
-    from evals import report
-    from rl_core.registry.store import client, get_version
+    from rl_core.registry.store import client, get_version  # lazy: keeps rtrl --help fast (pyarrow)
 
     run_id = get_version(cfg, version).run_id
     c = client(cfg)

@@ -23,9 +23,13 @@ import pyarrow as pa
 from evals import cache
 from evals.harness import Budget, TaskResult
 from evals.policies import LocalPolicy, Policy
+from evals.report import markdown
 from evals.runner import aggregate, results_table, run_suite
 from evals.tasks import load_tasks
 from rl_core.config import Config
+from rl_core.lake import lake_from_config
+from rl_core.registry.store import checkpoint_path
+from rl_core.reports import Verdict, write_verdict
 
 # per-task metric -> +1 when higher is better, -1 when lower is better
 PAIRED_METRICS = {"passed": +1, "clarified": -1, "invalid_tool_rate": -1}
@@ -102,9 +106,6 @@ def compare_policies(cfg: Config, run_id: str, candidate: Policy | cache.Cached,
     A `cache.Cached` side is not run again: its results were read from the cache (evals/cache.py).
     A side that does run with a key is kept under it for a later cycle.
     """
-    from rl_core.lake import lake_from_config
-    from rl_core.reports import Verdict, write_verdict
-
     ec = cfg.eval
     tasks = tasks if tasks is not None else load_tasks(cfg.path(ec.tasks_dir), limit=ec.task_limit)
     budget = Budget.from_config(ec)
@@ -125,8 +126,6 @@ def compare_policies(cfg: Config, run_id: str, candidate: Policy | cache.Cached,
                               results_table(base, "baseline", cached=isinstance(baseline, cache.Cached))])
     lake.write_parquet(f"{folder}/results.parquet", table)
     lake.write_json(f"{folder}/comparison.json", asdict(result))
-    from evals.report import markdown
-
     lake.write_bytes(f"{folder}/report.md", markdown(result, candidate.name, baseline.name).encode())
     details = {"verdict": result.verdict, "n_tasks": len(tasks), "candidate": candidate.name,
                "baseline": baseline.name, "candidate_cached": isinstance(candidate, cache.Cached),
@@ -149,9 +148,6 @@ def evaluate(cfg: Config, run_id: str, candidate_dir: str | Path, baseline_versi
     already ran this suite is read from the cache (evals/cache.py) instead: the baseline is usually the
     champion an earlier cycle evaluated, or the candidate of the cycle before.
     """
-    from rl_core.lake import lake_from_config
-    from rl_core.registry.store import checkpoint_path
-
     ec = cfg.eval
     tasks = load_tasks(cfg.path(ec.tasks_dir), limit=ec.task_limit)
     budget, lake = Budget.from_config(ec), lake_from_config(cfg)

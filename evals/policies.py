@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rl_core import toolcalls
+from rl_core.models import load_model
 
 
 @dataclass
@@ -43,8 +44,6 @@ class LocalPolicy:
     (generation is serialised, sandboxed test runs of other tasks still overlap with it)."""
 
     def __init__(self, folder: str | Path, dtype: str = "float32", name: str | None = None):
-        from rl_core.models import load_model
-
         self.folder = Path(folder)
         if not (self.folder / "config.json").is_file():
             raise FileNotFoundError(f"{self.folder} is not an HF checkpoint folder (no config.json)")
@@ -54,7 +53,7 @@ class LocalPolicy:
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
 
     def complete(self, messages, tools, max_tokens, temperature) -> Completion:
-        import torch
+        import torch  # lazy: heavy (torch)
 
         t0 = time.perf_counter()
         turns = toolcalls.to_template_messages(messages, tools)

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from rl_core.config import Config
+from rl_core.config import Config, ConfigError, load_config
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("rl_core.init:add_init", "convert the base model once and register it as version 1 (champion)"),
@@ -87,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     if run is None:
         parser.parse_args([args.command, "--help"])
         return 2
-    from rl_core.config import ConfigError
-
     try:
         return int(run(args) or 0)
     except ConfigError as exc:
@@ -106,8 +104,6 @@ def add_config(p: argparse.ArgumentParser) -> None:
 
 
 def _config_show(args) -> int:
-    from rl_core.config import load_config
-
     cfg = load_config()
     print(cfg.model_dump_json(indent=2) if args.json else to_toml(cfg), end="" if not args.json else "\n")
     return 0

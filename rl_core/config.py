@@ -219,7 +219,7 @@ class Preference(Section):
     @field_validator("feature")
     @classmethod
     def _known(cls, v: str) -> str:
-        from rl_core.simulate.features import FEATURES  # stdlib-only module; imported here to keep config light
+        from rl_core.simulate.features import FEATURES  # lazy: keeps rtrl --help fast (every command loads config)
 
         if v not in FEATURES:
             raise ValueError(f"unknown answer feature {v!r}; known: {', '.join(sorted(FEATURES))}")

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import REPO_ROOT, Config
+from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.runtime.procs import exit_on_sigterm, start, stop, wait_http
 from rl_core.window import (  # noqa: F401  re-exported: the window helpers moved to rl_core/window.py
     SCHEDULE_ANCHOR,
@@ -146,7 +146,7 @@ def _minute(ts: datetime, up: bool) -> datetime:
 
 def drive_traffic(cfg: Config, base_url: str, interactions: int | None) -> int:
     """Simulated users through the real HTTP API (rl_core.simulate); returns the interactions made."""
-    from rl_core.simulate.runner import SimSpec, simulate
+    from rl_core.simulate.runner import SimSpec, simulate  # lazy: keeps rtrl --help fast (pyarrow)
 
     report = simulate(cfg, base_url, SimSpec.from_config(cfg, interactions=interactions), progress=False)
     print(report.table())
@@ -157,7 +157,7 @@ def drive_traffic(cfg: Config, base_url: str, interactions: int | None) -> int:
 
 def summarize(cfg: Config, w: Window, dag_rc: int) -> CycleReport:
     """What the cycle left behind, read back from the lake and MLflow (not from the DAG's logs)."""
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # lazy: keeps rtrl --help fast (pyarrow)
 
     from rl_core.lake import Lake
     from rl_core.registry import store
@@ -178,7 +178,7 @@ def summarize(cfg: Config, w: Window, dag_rc: int) -> CycleReport:
         r.eval = {"verdict": cmp.get("verdict"),
                   **{f"delta_{m['metric']}": round(m["mean_diff"], 4) for m in cmp.get("metrics", [])}}
     try:
-        from rl_core.registry.register import find_version
+        from rl_core.registry.register import find_version  # lazy: keeps rtrl --help fast (pyarrow)
 
         r.version = find_version(cfg, w.run_id)
     except ImportError:
@@ -229,7 +229,7 @@ def run_cycle(cfg: Config, interactions: int | None = None, log_dir: Path | None
     warm_socket: a warm server (rl_core/runtime/warm.py) that forks `airflow dags test` and the trainer.
     run_dag=False: traffic only (an experiment's last cycle measures the policy; nothing trains after it).
     dag_id: the DAG to run on the window (default the cycle's; `<dag_id>_orgs` trains the org adapters)."""
-    from rl_core.collect.compact import compact
+    from rl_core.collect.compact import compact  # lazy: keeps rtrl --help fast (pyarrow)
     from rl_core.init import init
     from rl_core.lake import Lake
     from rl_core.serving import gateway as gw
@@ -292,7 +292,7 @@ def dags_test(env: dict[str, str], w: Window, dag_log: Path, dag_id: str, policy
     argv = ["dags", "test", dag_id, "-c", conf]
     with open(dag_log, "ab") as out:
         if warm_socket:  # the DAG (and the trainer it launches) forked from a warm server: no import costs
-            from rl_core.runtime import warm  # dev only: the DAG imports cycle.py, never the fork server
+            from rl_core.runtime import warm  # lazy: dev-only warm server, kept out of the DAG's imports
 
             return warm.popen([sys.executable, "-m", "airflow", *argv], env | {warm.SOCKET_ENV: warm_socket},
                               REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).wait()
@@ -308,8 +308,6 @@ def add_cycle(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-
     cfg = load_config()
     if args.ui == "airflow":
         log = cfg.home_path / "logs" / "airflow-standalone.log"

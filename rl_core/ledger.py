@@ -32,6 +32,7 @@ from rl_core.config import Config
 from rl_core.duck import bind_files, connect, load_sql
 from rl_core.harvest import episodes_path
 from rl_core.lake import Lake
+from rl_core.registry import store
 from rl_core.schema import LEDGER_SCHEMA
 
 
@@ -63,8 +64,6 @@ class EpisodesConsumed(RuntimeError):
 
 def lineage_of(cfg: Config, version: int) -> Lineage:
     """The lineage of a registered version: follow `parent_version` tags to the root."""
-    from rl_core.registry import store
-
     seen: list[int] = []
     v = int(version)
     while v not in seen:

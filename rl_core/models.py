@@ -51,7 +51,7 @@ def _finish(tmp: Path, out: Path, meta: dict) -> Path:
 
 def load_tokenizer_from_gguf():
     """SmolLM2's tokenizer (with chat template), cached as an HF tokenizer folder after the first parse."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: heavy (transformers)
 
     cached = cache_dir() / "smollm2-tokenizer"
     if (cached / "tokenizer_config.json").is_file():
@@ -71,7 +71,7 @@ def convert_smollm2(out: Path) -> Path:
     """GGUF (Q4_1) -> fp32 HF safetensors folder. ~1 min; skipped when `out` is already complete."""
     if is_complete(out):
         return out
-    import torch
+    import torch  # lazy: heavy (torch, transformers)
     from transformers import AutoModelForCausalLM, GgufConfig
 
     g = gguf_path()
@@ -104,7 +104,7 @@ def build_tiny(out: Path, mc) -> Path:
     """A tiny random-init Llama with SmolLM2's tokenizer, in seconds. `mc` is a config.ModelConfig."""
     if is_complete(out):
         return out
-    import torch
+    import torch  # lazy: heavy (torch, transformers)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = load_tokenizer_from_gguf()
@@ -140,7 +140,7 @@ def base_checkpoint(cfg: Config) -> Path:
 
 def load_model(folder: str | Path, dtype: str = "float32"):
     """(model, tokenizer) from an HF folder, in eval mode."""
-    import torch
+    import torch  # lazy: heavy (torch, transformers)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
@@ -151,7 +151,7 @@ def load_model(folder: str | Path, dtype: str = "float32"):
 
 def smoke_generate(folder: str | Path, prompt: str = "Write a Python function that adds two numbers.") -> str:
     """Generate a few tokens greedily: proves the folder loads and runs."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     model, tok = load_model(folder)
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt")

@@ -21,6 +21,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from rl_core.config import load_config
+from rl_core.lake import Lake
+from rl_core.reports import read_verdict
+
 
 def train_command(run_id: str, base_version: int | str) -> list[str]:
     """The default command: the `rtrl train` CLI of this interpreter's environment."""
@@ -73,7 +77,7 @@ class DeepSpeedLaunchOperator(BaseOperator):
         if proc is None or proc.poll() is not None:
             return
         self.log.warning("stopping trainer process group %d: %s", proc.pid, reason)
-        from rl_core.runtime.procs import stop_group
+        from rl_core.runtime.procs import stop_group  # lazy: keeps DAG parsing light
 
         stop_group(proc, 15.0)
 
@@ -81,7 +85,7 @@ class DeepSpeedLaunchOperator(BaseOperator):
         """Run argv in a new session; every output line goes to the task log. Returns the exit code."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in self.env.items()}}
         self.log.info("launching: %s", " ".join(argv))
-        from rl_core.runtime import jobs  # a warm fork only when the env names a warm server (rtrl experiment)
+        from rl_core.runtime import jobs  # lazy: keeps DAG parsing light
 
         def on_start(proc) -> None:
             self._proc = proc  # for on_kill
@@ -98,10 +102,6 @@ class DeepSpeedLaunchOperator(BaseOperator):
 
     # --- the task ---------------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
-        from rl_core.config import load_config
-        from rl_core.lake import Lake
-        from rl_core.reports import read_verdict
-
         cfg = load_config()
         run_id = str(self.rtrl_run_id)
         argv = [str(a) for a in (self.command or train_command(run_id, self.base_version))]

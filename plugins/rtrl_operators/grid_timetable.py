@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pendulum
+from airflow.exceptions import AirflowTimetableInvalid
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction, Timetable
 
 from rl_core.window import SCHEDULE_ANCHOR, grid_ceil, grid_floor
@@ -68,8 +69,6 @@ class GridTimetable(Timetable):
         return f"{self.hours}h grid"
 
     def validate(self) -> None:
-        from airflow.exceptions import AirflowTimetableInvalid
-
         if self.hours < 1:
             raise AirflowTimetableInvalid(f"GridTimetable: hours must be >= 1, got {self.hours}")
 

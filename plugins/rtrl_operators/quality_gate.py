@@ -18,7 +18,9 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from rl_core.config import load_config
 from rl_core.pipeline import GATES, callable_of
+from rl_core.reports import GateFailed
 
 # check name -> ("module:function", positional argument names after cfg): the cycle's gates, defined once
 CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {g.name: (g.call, g.args) for g in GATES}
@@ -75,9 +77,6 @@ class DataQualityGateOperator(BaseOperator):
         return out
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from rl_core.config import load_config
-        from rl_core.reports import GateFailed
-
         args = self._args()  # bad input fails before anything is imported or read
         cfg = load_config()
         fn = callable_of(self.callable_path)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rl_core.config import Config
 from rl_core.lake import Lake
+from rl_core.registry import card, store
 
 ARTIFACT_DIR = "ab"
 
@@ -75,9 +76,7 @@ def chart_png(result) -> bytes:
 
 def publish(cfg: Config, result) -> None:
     """Write report.json / report.md / chart.png to the lake (ab/<window>/) and to an MLflow run."""
-    from mlflow.entities import Metric
-
-    from rl_core.registry import card, store
+    from mlflow.entities import Metric  # lazy: heavy (mlflow)
 
     files = {
         "report.json": json.dumps(result.model_dump(mode="json", exclude={"report_path", "mlflow_run_id"}),

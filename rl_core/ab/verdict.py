@@ -24,9 +24,10 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from rl_core import duck
-from rl_core.ab import stats
+from rl_core.ab import report, stats
 from rl_core.config import Config
 from rl_core.lake import Lake
+from rl_core.registry import promote, store
 from rl_core.rewards import followup
 from rl_core.schema import FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA, now_utc
 
@@ -207,8 +208,6 @@ def ab_verdict(
     With log=True the report (JSON, markdown table, PNG chart) is written to the lake under
     ab/<since>_<until>/ and logged to MLflow (one run per window, reused on a rerun).
     """
-    from rl_core.registry import store
-
     check_config(cfg)
     since = _utc(since, "since")
     until = _utc(until, "until") if until is not None else now_utc()
@@ -235,8 +234,6 @@ def ab_verdict(
     decision, reasons = decide(metrics, n, cfg)
     result = ABResult(decision=decision, reasons=reasons, n=n, users=users, metrics=metrics, **base)
     if log:
-        from rl_core.ab import report
-
         report.publish(cfg, result)
     return result
 
@@ -258,8 +255,6 @@ def apply_verdict(cfg: Config, result: ABResult) -> str:
     `stale` means the challenger alias no longer points at the analysed version (a newer deploy came in
     between): acting on an old analysis would judge the wrong model, so nothing moves.
     """
-    from rl_core.registry import promote, store
-
     if result.decision == "continue" or result.challenger_version is None:
         return "continue"
     current = store.version_for_alias(cfg, "challenger")

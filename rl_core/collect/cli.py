@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
+
+from rl_core.collect import wal
+from rl_core.config import load_config
 
 
 def add_collect(p: argparse.ArgumentParser) -> None:
@@ -18,10 +22,7 @@ def add_collect(p: argparse.ArgumentParser) -> None:
 
 
 def _compact(args) -> int:
-    from dataclasses import asdict
-
-    from rl_core.collect.compact import compact
-    from rl_core.config import load_config
+    from rl_core.collect.compact import compact  # lazy: keeps rtrl --help fast (pyarrow)
     from rl_core.lake import Lake
 
     cfg = load_config()
@@ -37,9 +38,6 @@ def _compact(args) -> int:
 
 
 def _status(args) -> int:
-    from rl_core.collect import wal
-    from rl_core.config import load_config
-
     cfg = load_config()
     print(f"wal dir  {cfg.wal_dir}")
     print(f"sealed   {len(wal.sealed_segments(cfg.wal_dir))}")

@@ -17,6 +17,7 @@ from rl_core.config import Config
 from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, org_run_id, prepare_org, train_org
 from rl_core.orgs.registry import deploy_adapter, register_adapter
 from rl_core.pipeline import BEFORE_TRAIN, run_gates
+from rl_core.registry.store import known_versions
 from rl_core.rewards.monitors import score_served
 
 
@@ -44,8 +45,6 @@ def check_org_run(cfg: Config, start: datetime, end: datetime, policy_version: i
     """The cycle's checks before an update (rl_core.pipeline.BEFORE_TRAIN) on the org's run: the data-quality
     gates on its episodes and rewards, and the reward-hacking monitors on every turn the window served the
     org's users (versions newer than the base against it). Raises GateFailed with the first refusal."""
-    from rl_core.registry.store import known_versions
-
     orun = org_run_id(run_id, org_id)
     score_served(cfg, orun, start, end, max(known_versions(cfg), default=policy_version), org_id=org_id)
     run_gates(cfg, BEFORE_TRAIN, {"run_id": orun, "start": start, "end": end, "parent_version": policy_version})

@@ -18,13 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rl_core.config import Config
+from rl_core.orgs.registry import live_adapter
+from rl_core.registry import store
 
 log = logging.getLogger("rtrl.orgs.serving")
 
 
 def load_adapter_backend(base_checkpoint: str | Path, adapter_dir: str | Path, dtype: str = "float32"):
     """A TransformersBackend answering with base + adapter (merged)."""
-    from peft import PeftModel
+    from peft import PeftModel  # lazy: heavy (torch, peft)
 
     from rl_core.serving.backends.hf import TransformersBackend
 
@@ -54,9 +56,6 @@ class AdapterPool:
 
     def sync(self) -> bool:
         """Load adapters whose `live` alias moved; drop those without one. True when something changed."""
-        from rl_core.orgs.registry import live_adapter
-        from rl_core.registry import store
-
         changed = False
         with self._lock:
             for org in self.orgs:

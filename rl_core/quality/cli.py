@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from rl_core.config import load_config
+from rl_core.harvest import _parse_ts
+from rl_core.quality import gates
+from rl_core.reports import GateFailed
+
 
 def add_gate(p: argparse.ArgumentParser) -> None:
-    from rl_core.harvest import _parse_ts
-
     p.add_argument("which", choices=["raw", "episodes", "rewards"])
     p.add_argument("--run-id", required=True)
     p.add_argument("--start", type=_parse_ts, help="window start (raw gate)")
@@ -16,10 +19,6 @@ def add_gate(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-    from rl_core.quality import gates
-    from rl_core.reports import GateFailed
-
     cfg = load_config()
     try:
         if args.which == "raw":

@@ -19,6 +19,7 @@ from rl_core.duck import bind_files, connect, load_sql
 from rl_core.harvest import episodes_path, read_manifest, utc
 from rl_core.lake import Lake
 from rl_core.quality.gx import Check, Outcome, validate
+from rl_core.registry import store
 from rl_core.reports import GateFailed, Verdict, write_verdict
 from rl_core.rewards.score import rewards_path
 from rl_core.schema import (
@@ -76,8 +77,6 @@ def _finish(lake: Lake, run_id: str, name: str, outcomes: list[Outcome], problem
 
 def known_versions(cfg: Config) -> list[int]:
     """Every version of the registered model (a version outside this list was logged wrongly)."""
-    from rl_core.registry import store
-
     return store.known_versions(cfg)
 
 

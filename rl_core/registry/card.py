@@ -76,7 +76,7 @@ def eval_metrics(details: dict[str, Any]) -> dict[str, float]:
 
 def _log_batch(client, mlflow_run: str, metrics: dict[str, float]) -> None:
     """Every metric in one call (one store transaction, not one per metric)."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # lazy: heavy (mlflow)
 
     ts = int(time.time() * 1000)
     client.log_batch(mlflow_run, metrics=[Metric(k, float(v), ts, 0) for k, v in metrics.items()])

@@ -44,7 +44,7 @@ def add_register(p: argparse.ArgumentParser) -> None:
 
 
 def _register(args) -> int:
-    # imported when the subcommand runs: rtrl --help stays fast
+    # lazy: keeps rtrl --help fast (pyarrow)
     from rl_core.ledger import EpisodesConsumed
     from rl_core.registry.register import RegisterError, register_run
 
@@ -66,7 +66,7 @@ def add_deploy(p: argparse.ArgumentParser) -> None:
 
 
 def _deploy(args) -> int:
-    # imported when the subcommand runs: rtrl --help stays fast
+    # lazy: keeps rtrl --help fast (pyarrow)
     from rl_core.lake import Lake
     from rl_core.registry.deploy import deploy
     from rl_core.registry.register import find_version
@@ -98,7 +98,7 @@ def add_ab(p: argparse.ArgumentParser) -> None:
 
 
 def _ab(args) -> int:
-    # imported when the subcommand runs: rtrl --help stays fast
+    # lazy: keeps rtrl --help fast (pyarrow, duckdb)
     from rl_core.ab.report import to_markdown
     from rl_core.ab.verdict import ab_verdict, apply_verdict
 
@@ -124,7 +124,7 @@ def add_promote(p: argparse.ArgumentParser) -> None:
 
 
 def _promote(args) -> int:
-    # imported when the subcommand runs: rtrl --help stays fast
+    # lazy: keeps rtrl --help fast (pyarrow)
     from rl_core.registry.promote import RegistryError, promote
 
     try:
@@ -143,7 +143,7 @@ def add_rollback(p: argparse.ArgumentParser) -> None:
 
 
 def _rollback(args) -> int:
-    # imported when the subcommand runs: rtrl --help stays fast
+    # lazy: keeps rtrl --help fast (pyarrow)
     from rl_core.registry.promote import RegistryError, drop_challenger, restore_previous_champion
 
     cfg = _cfg()

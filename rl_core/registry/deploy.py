@@ -16,7 +16,7 @@ from rl_core.reports import Verdict, write_verdict
 
 def deploy(cfg: Config, run_id: str, version: int) -> bool:
     """Gate, then alias `challenger` -> version. Returns True when the alias moved; False otherwise."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     verdict = gate.decide(cfg, run_id)
     c = store.client(cfg)

@@ -81,6 +81,7 @@ def take_off_tripped(cfg: Config, verdict: Verdict, dry_run: bool = False) -> st
 
 def _take_off_adapter(cfg: Config, verdict: Verdict, tripped: dict, dry_run: bool) -> list[str]:
     """The org's `live` alias removed when it still names the tripped adapter (tagged rolled_back)."""
+    # lazy: circular (orgs.registry <-> registry.promote)
     from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter
 
     name, org = tripped["adapter_version"], tripped["org_id"]

@@ -42,7 +42,7 @@ class RegisterError(ValueError):
 
 def find_version(cfg: Config, run_id: str) -> int | None:
     """The version already registered for run_id (by its run_id tag), if any."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
         found = store.client(cfg).search_model_versions(
@@ -122,7 +122,7 @@ def lineage(cfg: Config, run_id: str) -> dict[str, Any]:
 
 def _existing_run(cfg: Config, mlflow_run_id: str | None) -> str | None:
     """The trainer's MLflow run when it exists in this tracking store (else a new run is made)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     if not mlflow_run_id:
         return None

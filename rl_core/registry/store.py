@@ -28,7 +28,7 @@ PURPOSES = {"train": "", "ab": "-ab", "learning": "-learning"}  # experiment nam
 
 def client(cfg: Config):
     """An MlflowClient on the configured tracking/registry URI (the folder for SQLite is created)."""
-    import mlflow
+    import mlflow  # lazy: heavy (mlflow)
     from mlflow import MlflowClient
 
     uri = cfg.tracking_uri
@@ -59,7 +59,7 @@ def experiment_id(cfg: Config, purpose: str = "train") -> str:
 
 
 def ensure_registered_model(cfg: Config, description: str = "rtrl policy checkpoints") -> None:
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     c = client(cfg)
     try:
@@ -83,7 +83,7 @@ def register_checkpoint(
     Returns the version number. Tags go on both the run and the version, so the UI can compare runs and
     the registry page shows lineage.
     """
-    import mlflow
+    import mlflow  # lazy: heavy (mlflow)
 
     c = client(cfg)
     exp = experiment_id(cfg)
@@ -158,7 +158,7 @@ def delete_alias(cfg: Config, alias: str, reason: str) -> int | None:
 
 
 def version_for_alias(cfg: Config, alias: str) -> int | None:
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
         mv = client(cfg).get_model_version_by_alias(cfg.mlflow.model_name, alias)
@@ -168,7 +168,7 @@ def version_for_alias(cfg: Config, alias: str) -> int | None:
 
 
 def aliases(cfg: Config) -> dict[str, int]:
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
         rm = client(cfg).get_registered_model(cfg.mlflow.model_name)
@@ -198,7 +198,7 @@ def checkpoint_path(cfg: Config, version: int) -> Path:
             return local
     if parsed.scheme == "" and Path(src).is_dir():
         return Path(src)
-    import mlflow
+    import mlflow  # lazy: heavy (mlflow)
 
     dst = cfg.models_dir / "cache" / f"v{version}"
     if (dst / "config.json").is_file():

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from rl_core.config import load_config
+from rl_core.rewards.monitors import run_monitors
+from rl_core.rewards.score import score_run
+
 
 def add_rewards(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", required=True)
@@ -13,10 +17,6 @@ def add_rewards(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-    from rl_core.rewards.monitors import run_monitors
-    from rl_core.rewards.score import score_run
-
     cfg = load_config()
     try:
         r = score_run(cfg, args.run_id)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rl_core import toolcalls
+from rl_core.rewards.followup import dissatisfied
 
 CLARIFY_CUES = "|".join([
     r"^(which|what|where|when|how|do|does|did|could|can|would|should|is|are|shall)\b[^?]{0,200}\?\s*$",
@@ -138,8 +139,6 @@ def _all_valid(raw: str | None, text: str | None, validators: dict[str, Any]) ->
 
 def score_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Columns rn, completion_text, tool_calls, tools_json, followup_text -> per-row scorer outputs."""
-    from rl_core.rewards.followup import dissatisfied
-
     text, calls_col = batch.column("completion_text"), batch.column("tool_calls")
     calls = has_tool_calls(calls_col, pc.fill_null(text, ""))
     return pa.record_batch({

@@ -30,7 +30,7 @@ class Streamed:
 def _popen(cmd: list[str], env: dict[str, str], cwd: str | Path, **kw) -> subprocess.Popen | WarmPopen:
     """A fresh process in its own session; a warm fork only when env names a warm server."""
     if env.get(SOCKET_ENV):
-        from rl_core.runtime import warm  # dev only (`rtrl experiment`): production never loads the fork server
+        from rl_core.runtime import warm  # lazy: dev-only warm server, kept out of the DAG's imports
 
         return warm.popen(cmd, env, cwd, **kw)
     return subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True, **kw)

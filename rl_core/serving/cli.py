@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+
+from rl_core.config import load_config
 
 
 def add_serve(p: argparse.ArgumentParser) -> None:
@@ -14,10 +17,7 @@ def add_serve(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    import logging
-
-    from rl_core.config import load_config
-    from rl_core.registry import store
+    from rl_core.registry import store  # lazy: keeps rtrl --help fast (pyarrow, fastapi)
     from rl_core.serving.server import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rl_core.collect.wal import open_segments, try_seal_orphan
 from rl_core.config import Config
+from rl_core.registry import store
 from rl_core.runtime.procs import free_port, start, stop, wait_http
 from rl_core.serving.router import ALIASES
 
@@ -49,8 +50,6 @@ def serving(base_url: str) -> dict[str, int]:
 
 def wait_in_sync(cfg: Config, base_url: str, timeout_s: float) -> dict[str, int]:
     """Block until the gateway serves exactly the registry's champion/challenger aliases; returns them."""
-    from rl_core.registry import store
-
     deadline = time.monotonic() + timeout_s
     while True:
         wanted = {a: int(v) for a, v in store.aliases(cfg).items() if a in ALIASES}

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from rl_core.collect.collector import Collector
 from rl_core.config import Config
+from rl_core.registry import store
 from rl_core.serving.app import create_app
 from rl_core.serving.backends import make_backend, vllm_available
 from rl_core.serving.router import Router
@@ -45,12 +46,10 @@ class Gateway:
 
 def build_gateway(cfg: Config, backend: str | None = None, poll: bool = True, background_compaction: bool = True) -> Gateway:
     """Load what the aliases point at (blocking) and wire the app. backend overrides cfg.serving.backend."""
-    from rl_core.registry import store
-
     kind = backend or cfg.serving.backend
     adapters = None
     if kind == "transformers" or (kind == "auto" and not vllm_available()):
-        from rl_core.orgs.serving import AdapterPool
+        from rl_core.orgs.serving import AdapterPool  # lazy: heavy (the orgs modules), transformers only
 
         adapters = AdapterPool(cfg)  # per-org LoRA adapters (peft); vLLM multi-LoRA is not wired yet
     router = Router(

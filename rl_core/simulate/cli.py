@@ -12,7 +12,8 @@ import argparse
 import contextlib
 import sys
 
-from rl_core.config import Config
+from rl_core.config import Config, load_config
+from rl_core.simulate.bank import load_bank, select
 
 
 def add_simulate(p: argparse.ArgumentParser) -> None:
@@ -29,9 +30,7 @@ def add_simulate(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-    from rl_core.simulate.bank import load_bank, select
-    from rl_core.simulate.runner import SimSpec, check_loopback, simulate
+    from rl_core.simulate.runner import SimSpec, check_loopback, simulate  # lazy: keeps rtrl --help fast (pyarrow)
 
     cfg = load_config()
     try:
@@ -57,7 +56,7 @@ def _gateway(cfg: Config, base_url: str | None):
     if base_url:
         yield base_url
         return
-    from rl_core.serving.server import serve_in_thread
+    from rl_core.serving.server import serve_in_thread  # lazy: heavy (fastapi, uvicorn)
 
     with serve_in_thread(cfg, port=0) as url:
         yield url

@@ -349,7 +349,7 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     if args.protocol:
-        from rl_core.simulate import protocol  # rl_core.simulate.protocol imports this module
+        from rl_core.simulate import protocol  # lazy: circular (protocol <-> experiment)
 
         try:
             with exit_on_sigterm():

@@ -26,6 +26,7 @@ from rl_core import toolcalls
 from rl_core.schema import now_utc
 from rl_core.simulate.bank import SimTask
 from rl_core.simulate.personas import User
+from rl_core.simulate.runner import check_loopback, root_url
 from rl_core.simulate.users import Reply
 
 VARIANTS = ("oracle", "broken_on_hard", "clarifier", "evader")
@@ -60,7 +61,7 @@ class Scorer:
     """Token ids and per-token logprobs of a text under a checkpoint (what a serving engine would log)."""
 
     def __init__(self, checkpoint):
-        import torch
+        import torch  # lazy: heavy (torch, transformers)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
@@ -94,8 +95,6 @@ class ScriptedChat:
         import hashlib
 
         import httpx
-
-        from rl_core.simulate.runner import check_loopback, root_url
 
         check_loopback(base_url)
         self.http = httpx.Client(base_url=root_url(base_url), timeout=60)

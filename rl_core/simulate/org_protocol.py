@@ -15,6 +15,8 @@ from datetime import datetime
 
 from rl_core.config import Config
 from rl_core.lake import Lake
+from rl_core.orgs.pipeline import org_run_id
+from rl_core.reports import read_verdicts
 from rl_core.simulate.experiment import CycleMetrics
 
 
@@ -58,9 +60,6 @@ def adapters_served(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[s
 
 def org_verdicts(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
     """org -> its adapter run's verdicts (train, eval on the shared suite, eval_org), per trained cycle."""
-    from rl_core.orgs.pipeline import org_run_id
-    from rl_core.reports import read_verdicts
-
     lake = Lake(cfg.lake_root)
     return {org: {name: v.passed for c in curves[:-1]
                   for name, v in read_verdicts(lake, org_run_id(c.run_id, org)).items()}

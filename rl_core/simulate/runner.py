@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from rl_core.config import Config
+from rl_core.cycle import airflow_env
+from rl_core.runtime.procs import exit_on_sigterm, stop
+from rl_core.serving import gateway as gw
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import SimTask, load_bank, select, tasks_for
 from rl_core.simulate.personas import User, make_users, orgs_from_config
@@ -259,10 +262,6 @@ def first_turns(cfg: Config, tasks: list, ask: Callable, concurrency: int, log_n
     """ask(task, user, chat, i) for every task, each put as a first turn by a seeded user of the task's org
     (any user for a shared task), to the champion served by a gateway of its own (one engine: a spare would
     only compete for the CPU). How bench/task_probe.py and bench/feature_census.py question a model."""
-    from rl_core.cycle import airflow_env  # cycle imports this module: imported here to keep the graph acyclic
-    from rl_core.runtime.procs import exit_on_sigterm, stop
-    from rl_core.serving import gateway as gw  # the gateway module pulls in the serving stack
-
     spec = SimSpec.from_config(cfg)
     orgs = orgs_from_config(cfg)
     users = make_users(len(orgs) * 4, orgs, spec.seed)

@@ -97,7 +97,7 @@ def check_window(cfg: Config, run_id: str, start: datetime, end: datetime, polic
 def run_scenario(cfg: Config, variants: list[str], *, interactions: int = 120, users: int = 24, seed: int = 0,
                  run_id: str = "hack-scenario") -> ScenarioReport:
     """Serve oracle (v1) + each variant to simulated users through the gateway, then run the checks."""
-    from rl_core.serving.server import build_gateway, serve_in_thread  # heavy: fastapi/uvicorn, only when serving
+    from rl_core.serving.server import build_gateway, serve_in_thread  # lazy: heavy (fastapi, uvicorn)
 
     champion = store.version_for_alias(cfg, "champion")
     cfg = cfg.model_copy(deep=True)  # every variant version (lag up to len(variants)) stays in the harvest

@@ -43,7 +43,7 @@ import httpx
 
 from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.cycle import airflow_env, bin_path
-from rl_core.runtime.procs import answers
+from rl_core.runtime.procs import answers, free_port
 
 LAKE_BUCKET, MLFLOW_BUCKET = "rtrl-lake", "rtrl-mlflow"
 DB_USER = "rtrl"
@@ -66,8 +66,6 @@ class Ports:
     @classmethod
     def free(cls) -> Ports:
         """Free ports (tests run a stack beside a developer's)."""
-        from rl_core.runtime.procs import free_port
-
         return cls(*(free_port() for _ in range(5)), worker_logs=free_port())
 
 
@@ -357,7 +355,7 @@ def worker_healthy(s: Stack, name: str) -> bool:
 
 def init_done(s: Stack) -> bool:
     try:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # lazy: heavy (mlflow)
 
         cfg = load_config(environ={**os.environ, **s.env()})
         # the registry named too: MlflowClient otherwise takes the process-wide one (mlflow.set_registry_uri)

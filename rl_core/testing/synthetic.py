@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from rl_core.lake import Lake
+from rl_core.models import load_model
 from rl_core.rewards import SIGNALS
 
 
@@ -46,7 +47,7 @@ def _prompts(tok, n: int, seed: int) -> list[list[int]]:
 
 def behaviour_logprobs(model, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
     """Teacher-forced logprobs of each completion after its prompt (one sequence at a time: exact)."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     out = []
     with torch.no_grad():
@@ -62,8 +63,6 @@ def make_run(lake: Lake, run_id: str, ckpt_dir: str | Path, n_prompts: int = 8, 
              completion_len: int = 6, target_token: int | None = None, seed: int = 0,
              org_ids: tuple[str, ...] = ("org-acme",), model_version: int = 1) -> SyntheticRun:
     """Write runs/<run_id>/episodes.parquet and rewards.parquet for the checkpoint in ckpt_dir."""
-    from rl_core.models import load_model
-
     model, tok = load_model(ckpt_dir)
     rng = random.Random(seed)
     target = target_token if target_token is not None else int(tok.convert_tokens_to_ids("Ġreturn"))
@@ -117,9 +116,7 @@ def make_run(lake: Lake, run_id: str, ckpt_dir: str | Path, n_prompts: int = 8, 
 
 def target_logprob(ckpt_dir: str | Path, prompts: list[list[int]], target: int | list[list[int]]) -> float:
     """Mean logprob of `target` (one token, or a list of tokens per prompt) as the first token after each prompt."""
-    import torch
-
-    from rl_core.models import load_model
+    import torch  # lazy: heavy (torch)
 
     model, _ = load_model(ckpt_dir)
     vals = []

@@ -229,7 +229,7 @@ def plan_batches(samples: list[Sample], tc, rank: int, world: int, pad_id: int) 
 
 def to_tensors(batch: Batch, device) -> dict:
     """The model inputs of a batch: ids, masks, position ids (from the attention mask: left padding)."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)  # [B,L]
     attention_mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)  # [B,L]

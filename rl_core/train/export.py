@@ -45,13 +45,13 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def save_hf(sd: dict, base_dir: Path, out_dir: Path, meta: dict, lora=None, adapter_dir: Path | None = None) -> Path:
     """Write the policy as an HF folder at out_dir (rank 0 only). lora: a peft LoraConfig or None."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: heavy (transformers)
 
     model = AutoModelForCausalLM.from_pretrained(base_dir)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if lora is not None:
-        from peft import get_peft_model
+        from peft import get_peft_model  # lazy: heavy (peft)
 
         peft_model = get_peft_model(model, lora)
         _load_into(peft_model, sd, tied)

@@ -29,11 +29,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, field_validator
 
-from rl_core.config import REPO_ROOT, Config
+from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.lake import Lake, lake_from_config
+from rl_core.registry import store
 from rl_core.reports import GateFailed, Verdict, write_verdict
 from rl_core.runtime import jobs
-from rl_core.runtime.procs import free_port
+from rl_core.runtime.procs import exit_on_sigterm, free_port
+from rl_core.train.data import DataError, load_samples
 from rl_core.train.trainer import TrainSpec
 
 
@@ -146,8 +148,6 @@ def _inputs_hash(cfg: Config, lake: Lake, run_id: str, base_version: int, base_d
 def _mlflow_run(cfg: Config, run_id: str, params: dict) -> str:
     """The MLflow run `train-<run_id>`, found again by its run_id tag (registering renames it `v<N>-<run_id>`),
     so a resumed or retried run continues its curves."""
-    from rl_core.registry import store
-
     c, exp = store.client(cfg), store.experiment_id(cfg)
     name = f"train-{run_id}"
     found = c.search_runs([exp], filter_string=f"tags.run_id = '{run_id}'", max_results=1)
@@ -216,9 +216,6 @@ def check(cfg: Config, s: TrainSummary) -> Verdict:
 def train(cfg: Config, run_id: str, base_version: int) -> TrainSummary:
     """Update version `base_version` on runs/<run_id>'s episodes; the new policy lands in
     cfg.models_dir/runs/<run_id>/checkpoint. See the module docstring for errors and reruns."""
-    from rl_core.registry import store
-    from rl_core.train.data import load_samples
-
     lake = lake_from_config(cfg)
     load_samples(lake, run_id, cfg.train)  # bad input fails here, before anything is written (DataError)
     base_dir = store.checkpoint_path(cfg, base_version)
@@ -284,8 +281,6 @@ def summary_metrics(summary: dict) -> dict[str, float]:
 
 
 def _close_mlflow(cfg: Config, mlflow_run_id: str, s: TrainSummary) -> None:
-    from rl_core.registry import store
-
     c = store.client(cfg)
     for k, v in summary_metrics(s.model_dump(mode="json")).items():
         c.log_metric(mlflow_run_id, k, v)
@@ -305,11 +300,6 @@ def add_train(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-    from rl_core.registry import store
-    from rl_core.runtime.procs import exit_on_sigterm
-    from rl_core.train.data import DataError
-
     cfg = load_config()
     for key, value in (("launcher", args.launcher), ("num_procs", args.num_procs), ("zero_stage", args.zero_stage)):
         if value is not None:

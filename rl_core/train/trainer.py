@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from rl_core.config import TrainConfig
 from rl_core.lake import Lake
-from rl_core.train.data import load_samples, plan_batches
+from rl_core.train.data import load_samples, plan_batches, to_tensors
 from rl_core.train.export import gather_state_dict, save_hf
 
 FAULT_ENV = "RTRL_TRAIN_FAULT_AFTER_STEPS"
@@ -52,7 +52,7 @@ class TrainSpec(BaseModel):
 
 
 def use_bf16(precision: str) -> bool:
-    import torch
+    import torch  # lazy: heavy (torch)
 
     if precision == "auto":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -85,7 +85,7 @@ def make_engine(policy, params, tc, bf16: bool, world: int):
     into a flat buffer, all-reduce it over a group of one and copy it back after each backward: measured
     at ~4% of a SmolLM2-135M step on 2 CPU cores. That all-reduce is switched off in exactly that case.
     """
-    import deepspeed
+    import deepspeed  # lazy: heavy (deepspeed)
 
     engine, *_ = deepspeed.initialize(model=policy, model_parameters=params, config=ds_config(tc, bf16))
     if world == 1 and tc.zero_stage == 0:
@@ -95,7 +95,7 @@ def make_engine(policy, params, tc, bf16: bool, world: int):
 
 def _load_policy(spec: TrainSpec, tc, bf16: bool, device):
     """(policy to train, reference callable). LoRA: adapters on the policy; the reference is it without them."""
-    import torch
+    import torch  # lazy: heavy (torch, transformers)
     from transformers import AutoModelForCausalLM
 
     from rl_core.train.step import reference_fn
@@ -103,7 +103,7 @@ def _load_policy(spec: TrainSpec, tc, bf16: bool, device):
     policy = AutoModelForCausalLM.from_pretrained(spec.base_dir, dtype=torch.float32)
     policy.config.use_cache = False
     if tc.lora:
-        from peft import get_peft_model
+        from peft import get_peft_model  # lazy: heavy (peft)
 
         policy = get_peft_model(policy, lora_config(tc))
         return policy, reference_fn(peft_model=policy)
@@ -113,7 +113,7 @@ def _load_policy(spec: TrainSpec, tc, bf16: bool, device):
 
 
 def lora_config(tc):
-    from peft import LoraConfig
+    from peft import LoraConfig  # lazy: heavy (peft)
 
     return LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha, target_modules=list(tc.lora_targets),
                       lora_dropout=0.0, task_type="CAUSAL_LM")
@@ -139,7 +139,7 @@ def _checkpoint(engine, ds_dir: Path, step: int, history: list[dict], rank: int)
 
 def _grad_norm(params) -> float:
     """The total L2 norm of the gradients (before clipping), as DeepSpeed reports it for ZeRO >= 1."""
-    import torch
+    import torch  # lazy: heavy (torch)
 
     grads = [p.grad.detach() for p in params if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
@@ -147,7 +147,7 @@ def _grad_norm(params) -> float:
 
 def _reduce(sums: dict[str, float], maxes: dict[str, float], device) -> tuple[dict, dict]:
     """Sum the token-weighted sums and max the maxima over ranks."""
-    import torch
+    import torch  # lazy: heavy (torch)
     import torch.distributed as dist
 
     ks, km = sorted(sums), sorted(maxes)
@@ -166,14 +166,14 @@ class _MlflowLog:
         self.client = None
         self.run_id = spec.mlflow_run_id
         if rank == 0 and spec.mlflow_run_id and spec.tracking_uri:
-            from mlflow import MlflowClient
+            from mlflow import MlflowClient  # lazy: heavy (mlflow)
 
             self.client = MlflowClient(tracking_uri=spec.tracking_uri)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.client is None:
             return
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: heavy (mlflow)
 
         ts = int(time.time() * 1000)
         rows = [Metric(f"train/{k}", float(v), ts, step) for k, v in metrics.items() if math.isfinite(v)]
@@ -182,8 +182,7 @@ class _MlflowLog:
 
 def _optimizer_step(engine, micro_batches: list, tc, lc, ref, params: list, device) -> dict[str, float]:
     """One optimizer step over grad_accum micro-batches; its metrics, token-weighted over every rank."""
-    from rl_core.train.data import to_tensors
-    from rl_core.train.step import compute_loss
+    from rl_core.train.step import compute_loss  # lazy: heavy (torch)
 
     t0, gn0 = time.time(), float("nan")
     sums: dict[str, float] = {k: 0.0 for k in MEAN_KEYS} | {"tokens": 0.0, "seq_tokens": 0.0}
@@ -213,7 +212,7 @@ def _optimizer_step(engine, micro_batches: list, tc, lc, ref, params: list, devi
 def run(spec: TrainSpec) -> int:
     """Train; returns the process exit code (0 ok)."""
     t_start = time.time()
-    import deepspeed
+    import deepspeed  # lazy: heavy (torch, deepspeed)
     import torch
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator

@@ -21,9 +21,9 @@ def make_backend(kind: str, checkpoint: str | Path, cfg: Config, version: int) -
     if kind == "auto":
         kind = "vllm" if vllm_available() else "transformers"
     if kind == "vllm":
-        from rl_core.serving.backends.vllm import VLLMBackend
+        from rl_core.serving.backends.vllm import VLLMBackend  # lazy: heavy (vllm client, transformers)
 
         return VLLMBackend(checkpoint, cfg, version)
-    from rl_core.serving.backends.hf import TransformersBackend
+    from rl_core.serving.backends.hf import TransformersBackend  # lazy: heavy (torch)
 
     return TransformersBackend(checkpoint, dtype=cfg.model.dtype)

@@ -55,7 +55,7 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, checkpoint: str | Path, dtype: str = "float32", supports_reload: bool = False):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: heavy (transformers)
 
         self.checkpoint = str(checkpoint)
         self.model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=getattr(torch, dtype))
@@ -119,7 +119,7 @@ class TransformersBackend:
 
     def reload(self, checkpoint: str | Path) -> None:
         """Load new weights of the same architecture into this model in place (no new allocation)."""
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # lazy: heavy (torch)
 
         state: dict[str, torch.Tensor] = {}
         for f in sorted(Path(checkpoint).glob("*.safetensors")):

@@ -40,7 +40,7 @@ class VLLMBackend:
     name = "vllm"
 
     def __init__(self, checkpoint: str | Path, cfg: Config, version: int):
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: heavy (transformers)
 
         self.checkpoint = str(checkpoint)
         self.cfg = cfg

@@ -18,12 +18,12 @@ class RtrlWorkerExtension:
     def rtrl_reload_weights(self, weights_path: str) -> int:
         """reload_weights(weights_path), then repack CPU GEMM copies; returns how many layers were repacked."""
         self.reload_weights(weights_path=weights_path)
-        import torch
+        import torch  # lazy: heavy (torch, vllm)
         from vllm.platforms import current_platform
 
         if not current_platform.is_cpu():
             return 0
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # lazy: heavy (vllm)
 
         repacked = 0
         with torch.no_grad():
