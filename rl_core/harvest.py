@@ -28,8 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rl_core.config import Config
+from rl_core.config import Config, load_config
 from rl_core.duck import bind_files, connect, file_urls, load_sql, write_stream
+from rl_core.forget import load_registry
 from rl_core.lake import Lake
 from rl_core.schema import EPISODES_SCHEMA, FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA
 
@@ -89,8 +90,6 @@ EXCLUDED_SCHEMA = pa.schema([("org_id", pa.string()), ("user_id", pa.string())])
 
 def excluded_table(cfg: Config, lake: Lake) -> pa.Table:
     """(org_id, user_id) pairs never harvested: opted-out orgs and forget requests; user_id None = whole org."""
-    from rl_core.forget import load_registry
-
     pairs = {(org, None) for org in cfg.harvest.opt_out_orgs}
     pairs |= {(r["org_id"], r.get("user_id")) for r in load_registry(lake)}
     rows = sorted(pairs, key=lambda p: (p[0], p[1] or ""))
@@ -340,8 +339,6 @@ def add_harvest(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args) -> int:
-    from rl_core.config import load_config
-
     try:
         r = harvest(load_config(), args.start, args.end, args.policy_version, args.run_id, org_id=args.org)
     except ValueError as exc:
