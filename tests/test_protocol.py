@@ -133,3 +133,13 @@ def test_an_orgs_protocol_needs_opposite_conventions(cfg, tmp_path):
                         '"org-globex" = { feature = "prose_after_code", want = true }')
     with pytest.raises(ValueError, match="one org that wants 'prose_after_code' and one that rejects it"):
         load_protocol(_write(tmp_path, same))
+
+
+def test_a_replay_protocol_must_be_an_orgs_protocol_with_the_replay_test(cfg, tmp_path):
+    text = (REPO / "bench/protocols/org-conventions-v3.toml").read_text()
+    assert load_protocol(REPO / "bench/protocols/org-conventions-v3.toml").measure == "replay"
+    for bad in (text.replace('primary = "replay_did"', 'primary = "feature_did"'),
+                text.replace('measure = "replay"', 'measure = "live"'),
+                text.replace("cycles = 2 ", "cycles = 3 ")):
+        with pytest.raises(ValueError, match='measure = "replay" goes with primary = "replay_did"'):
+            load_protocol(_write(tmp_path, bad))

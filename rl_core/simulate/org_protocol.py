@@ -17,7 +17,8 @@ from rl_core.config import Config
 from rl_core.lake import Lake
 from rl_core.orgs.pipeline import org_run_id
 from rl_core.reports import read_verdicts
-from rl_core.simulate.experiment import CycleMetrics
+from rl_core.simulate.experiment import CycleMetrics, t_interval
+from rl_core.simulate.replay import Answer
 
 
 def welch(a: list[float], b: list[float]) -> dict | None:
@@ -58,10 +59,11 @@ def adapters_served(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[s
     return out
 
 
-def org_verdicts(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
-    """org -> its adapter run's verdicts (train, eval on the shared suite, eval_org), per trained cycle."""
+def org_verdicts(cfg: Config, trained: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
+    """org -> its adapter run's verdicts (data gates, train, eval on the shared suite, eval_org, monitors),
+    over the cycles that trained adapters."""
     lake = Lake(cfg.lake_root)
-    return {org: {name: v.passed for c in curves[:-1]
+    return {org: {name: v.passed for c in trained
                   for name, v in read_verdicts(lake, org_run_id(c.run_id, org)).items()}
             for org in cfg.simulate.conventions}
 
@@ -78,7 +80,7 @@ def org_summary(cfg: Config, feature: str, curves: list[CycleMetrics]) -> dict:
     moves = {o: {"want": conv[o].want, "users": len(groups[o]),
                  "mean_rate_change": sum(groups[o]) / len(groups[o]) if groups[o] else None} for o in orgs}
     served = adapters_served(cfg, curves)
-    verdicts = org_verdicts(cfg, curves)
+    verdicts = org_verdicts(cfg, curves[:-1])
     did = welch(want, reject)
     isolated = all(a == "none" or a.startswith(f"{o}-") for o, by in served.items() for a in by)
     by_cycle = {o: [_mean([r for u, r in c.user_features.get(feature, {}).items() if _org_of(u, orgs) == o])
@@ -96,3 +98,66 @@ def org_summary(cfg: Config, feature: str, curves: list[CycleMetrics]) -> dict:
             "each_org_served_its_adapter": all(any(a != "none" for a in served.get(o, {})) for o in orgs),
         },
     }
+
+
+def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: list[CycleMetrics],
+                   base_version: int = 1, served_answers: list[Answer] | None = None) -> dict:
+    """The replay protocol's test (rl_core/simulate/replay.py). Per request: the adapter arm's feature rate
+    minus the base arm's over its k samples each; per user: the mean over that user's requests (a user's
+    requests share the user's tasks, so the user, not the request, is the independent unit); DiD: Welch over
+    the users of the org that wants the feature against those of the org that rejects it. Plus each org's own
+    move (a t interval over its users) and which weights answered each arm: in served_answers when given
+    (requests through the gateway, whose headers say who answered), else in answers."""
+    conv = cfg.simulate.conventions
+    orgs = sorted(conv)
+    arms: dict[str, dict[str, list[bool]]] = {}  # event_id -> arm -> feature hits over the samples
+    owner: dict[str, tuple[str, str]] = {}  # event_id -> (user, org)
+    served: dict[str, dict[str, dict[str, int]]] = {}  # org -> arm -> adapter_version or "none" -> answers
+    for a in answers:
+        arms.setdefault(a.event_id, {}).setdefault(a.arm, []).append(a.features[feature])
+        owner[a.event_id] = (a.user_id, a.org_id)
+    for a in answers if served_answers is None else served_answers:
+        by = served.setdefault(a.org_id, {}).setdefault(a.arm, {})
+        by[a.adapter_version or "none"] = by.get(a.adapter_version or "none", 0) + 1
+    per_user: dict[str, list[float]] = {}
+    for eid, hits in arms.items():
+        if "base" in hits and "adapter" in hits:
+            per_user.setdefault(owner[eid][0], []).append(_mean(hits["adapter"]) - _mean(hits["base"]))
+    user_d = {u: sum(x) / len(x) for u, x in sorted(per_user.items())}
+    groups = {o: [d for u, d in user_d.items() if _org_of(u, orgs) == o] for o in orgs}
+    rates = {o: {arm: _mean([h for eid, by in arms.items() if owner[eid][1] == o for h in by.get(arm, [])])
+                 for arm in ("base", "adapter")} for o in orgs}
+    moves = {o: {"want": conv[o].want, "users": len(groups[o]), "requests": sum(
+                 1 for eid in arms if owner[eid][1] == o), **_interval(groups[o]),
+                 "base_rate": rates[o]["base"], "adapter_rate": rates[o]["adapter"]} for o in orgs}
+    did = welch([x for o in orgs if conv[o].want for x in groups[o]],
+                [x for o in orgs if not conv[o].want for x in groups[o]])
+    verdicts = org_verdicts(cfg, trained)
+    own = {o: all(v.startswith(f"{o}-") for v in served.get(o, {}).get("adapter", {"none": 1})) for o in orgs}
+    base_clean = all(set(by.get("base", {})) <= {"none"} for by in served.values())
+    checked = answers if served_answers is None else served_answers
+    wrong_version = sum(1 for a in checked if a.model_version != base_version)
+    return {
+        "did": did, "org_moves": moves, "adapters_served": served, "org_verdicts": verdicts,
+        "org_rates_by_cycle": {o: [rates[o]["base"], rates[o]["adapter"]] for o in orgs},  # the plot: 1 base, 2 adapter
+        "user_rate_diffs": user_d, "answers": len(answers), "served_checked": len(checked),
+        "wrong_version": wrong_version,
+        "checks": {
+            "did_excludes_zero": bool(did and did["ci_low"] > 0),
+            "each_org_moves_toward_its_convention": all(
+                m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
+                for m in moves.values()),
+            "shared_suite_no_regression": bool(verdicts) and all(v.get("eval") for v in verdicts.values()),
+            "gates_and_monitors_pass": bool(verdicts) and all(all(v.values()) for v in verdicts.values()),
+            "adapters_isolated": all(own.values()) and base_clean and wrong_version == 0,
+            "each_org_served_its_adapter": all(own.values()),
+        },
+    }
+
+
+def _interval(xs: list[float]) -> dict:
+    """Mean with its t 95% interval over users (None when fewer than 2)."""
+    if len(xs) < 2:
+        return {"mean_rate_change": _mean(xs), "se": None, "ci_low": None, "ci_high": None}
+    mean, se, lo, hi = t_interval(xs)
+    return {"mean_rate_change": mean, "se": se, "ci_low": lo, "ci_high": hi}

@@ -34,8 +34,9 @@ from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.registry import card
 from rl_core.rewards.monitors import run_monitors
 from rl_core.runtime.procs import environ
+from rl_core.simulate import replay
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, run_experiment, t_interval
-from rl_core.simulate.org_protocol import org_summary
+from rl_core.simulate.org_protocol import org_summary, replay_summary
 
 
 class Protocol(BaseModel):
@@ -54,7 +55,12 @@ class Protocol(BaseModel):
     dag: Literal["cycle", "orgs"] = "cycle"  # what trains between cycles: the policy, or the org adapters
     feature: str  # the preferred feature whose rate must move (checked against the config's preferences)
     choice: str = ""  # how the feature was chosen (from the census, before any update), in words
-    primary: Literal["mean_reward", "feature_did"] = "mean_reward"  # feature_did: rl_core/simulate/org_protocol.py
+    primary: Literal["mean_reward", "feature_did", "replay_did"] = "mean_reward"  # the DiDs: rl_core/simulate/org_protocol.py
+    # live: the last cycle is measured on live simulated traffic; replay (orgs only): instead of a last live
+    # cycle, the trained cycle's requests are replayed to the base version and to each org's adapter,
+    # replay_samples times each (rl_core/simulate/replay.py)
+    measure: Literal["live", "replay"] = "live"
+    replay_samples: int = Field(4, ge=1, le=32)
     success: str  # the rule, in words, as registered
     min_seeds_excluding_zero: int = Field(2, ge=1)
     config: dict[str, dict] = {}  # rtrl.toml sections -> keys: applied to every run as RTRL_<S>__<K>
@@ -73,6 +79,10 @@ def load_protocol(path: Path) -> Protocol:
     wants = {p.want for p in cfg.simulate.conventions.values() if p.feature == proto.feature}
     if proto.dag == "orgs" and wants != {True, False}:
         raise ValueError(f"{path}: an orgs protocol needs one org that wants {proto.feature!r} and one that rejects it")
+    if (proto.measure == "replay") != (proto.primary == "replay_did") or (
+            proto.measure == "replay" and (proto.dag != "orgs" or proto.cycles != 2)):
+        raise ValueError(f"{path}: protocol.measure = \"replay\" goes with primary = \"replay_did\", dag = \"orgs\" "
+                         "and cycles = 2 (cycle 1 live and trained, cycle 2 the replay)")
     return proto
 
 
@@ -115,15 +125,16 @@ def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetri
                  minutes: float) -> dict:
     """Everything the success rule reads, for one seed."""
     first, last = curves[0], curves[-1]
-    pair = paired(first.user_reward, last.user_reward)
-    fpair = paired(first.user_features.get(proto.feature, {}), last.user_features.get(proto.feature, {}))
+    live = len(curves) > 1  # a replay protocol has one live cycle: its test is judged["orgs"]
+    pair = paired(first.user_reward, last.user_reward) if live else None
+    fpair = paired(first.user_features.get(proto.feature, {}), last.user_features.get(proto.feature, {})) if live else None
     evals = {c.cycle: c.verdicts.get("eval") for c in curves if "eval" in c.verdicts}
     return {
         "protocol": proto.name, "protocol_file": str(path), "seed": seed, "minutes": round(minutes, 1),
         "protocol_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "commit": _git_commit(),
         "primary": _pair(pair), "feature": proto.feature, "feature_rate_paired": _pair(fpair),
         "user_diffs": {u: last.user_reward[u] - first.user_reward[u]
-                       for u in sorted(set(first.user_reward) & set(last.user_reward))},
+                       for u in sorted(set(first.user_reward) & set(last.user_reward))} if live else {},
         "cycles": [{"cycle": c.cycle, "run_id": c.run_id, "dag_rc": c.dag_rc, "served": c.served,
                     "mean_reward": c.mean_reward, "episodes": c.episodes, "kl": c.kl, "new_version": c.new_version,
                     "verdicts": c.verdicts, "eval_pass_rate": c.eval_pass_rate, "no_edit_rate": c.no_edit_rate,
@@ -175,14 +186,38 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
         cfg = load_config()
         t0 = time.time()
         dag_id = f"{cfg.airflow.dag_id}_orgs" if proto.dag == "orgs" else None
-        curves, _, _ = run_experiment(cfg, proto.cycles, proto.interactions, out / f"seed-{seed}", proto.train_from,
-                                      measure_last=proto.measure_last, dag_id=dag_id)
-        judged = judge_last(cfg, curves, ab_test=proto.dag == "cycle")
-        if proto.dag == "orgs":
+        if proto.measure == "replay":
+            curves, judged = _replayed(cfg, proto, seed, out / f"seed-{seed}", dag_id)
+        else:
+            curves, _, _ = run_experiment(cfg, proto.cycles, proto.interactions, out / f"seed-{seed}",
+                                          proto.train_from, measure_last=proto.measure_last, dag_id=dag_id)
+            judged = judge_last(cfg, curves, ab_test=proto.dag == "cycle")
+        if proto.dag == "orgs" and proto.measure == "live":
             judged["orgs"] = org_summary(cfg, proto.feature, curves)
         summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60)
     (out / f"summary-seed{seed}.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def _replayed(cfg: Config, proto: Protocol, seed: int, out: Path, dag_id: str | None) -> tuple[list, dict]:
+    """Cycle 1 live (the org DAG trains the adapters on it), then its requests replayed to v1 and to each org's
+    adapter; the monitors are the ones the org path already ran on each adapter (rl_core/pipeline.py)."""
+    curves, _, _ = run_experiment(cfg, proto.cycles - 1, proto.interactions, out, proto.train_from, dag_id=dag_id)
+    first = curves[0]
+    reqs = replay.logged_requests(cfg, datetime.fromisoformat(first.window[0]), datetime.fromisoformat(first.window[1]),
+                                  sorted(cfg.simulate.conventions))
+    answers = replay.sample_batched(cfg, reqs, 1, proto.replay_samples, seed)
+    replay.save(answers, out / "replay.jsonl")
+    # what the gateway serves each org: each user's first request, through it, to `auto` with the org's token
+    firsts = list({r.user_id: r for r in reversed(reqs)}.values())
+    served = replay.replay(cfg, firsts, 1, 1, seed, out / "replay-gateway.log", arms=("adapter",))
+    replay.save(served, out / "replay-served.jsonl")
+    orgs = replay_summary(cfg, proto.feature, answers, curves, served_answers=served)
+    mon = {o: v.get("monitors", False) for o, v in orgs["org_verdicts"].items()}
+    return curves, {"monitors": {"passed": bool(mon) and all(mon.values()), "reasons": [
+                        f"{o}: the adapter's monitors failed" for o, ok in mon.items() if not ok]},
+                    "ab": {"decision": "n/a"}, "orgs": orgs, "replay": {"requests": len(reqs),
+                                                                          "samples": proto.replay_samples}}
 
 
 def run_protocol(path: Path, seeds: list[int] | None, home: Path | None, out: Path) -> list[dict]:
@@ -225,7 +260,7 @@ def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
                         yerr=[[x["rate"] - x["ci_low"] for x in r], [x["ci_high"] - x["rate"] for x in r]])
             by_org = (s.get("orgs") or {}).get("org_rates_by_cycle", {}) if name == features[0] else {}
             for org, ys in by_org.items():  # orgs: each org's line, on the protocol's feature (what it measures)
-                ax.plot(cyc, [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
+                ax.plot(list(range(1, len(ys) + 1)), [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
                         label=f"seed {s['seed']}, {org}")
     axes[0].set_title("mean reward (95% CI over users)")
     for ax, name in zip(axes[1:n], features, strict=True):
