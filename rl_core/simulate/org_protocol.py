@@ -89,11 +89,7 @@ def org_summary(cfg: Config, feature: str, curves: list[CycleMetrics]) -> dict:
         "did": did, "org_moves": moves, "org_rates_by_cycle": by_cycle, "adapters_served": served, "org_verdicts": verdicts,
         "user_rate_diffs": d,
         "checks": {
-            "did_excludes_zero": bool(did and did["ci_low"] > 0),
-            "each_org_moves_toward_its_convention": all(
-                m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
-                for m in moves.values()),
-            "shared_suite_no_regression": bool(verdicts) and all(v.get("eval") for v in verdicts.values()),
+            **_did_checks(did, moves, verdicts),
             "adapters_isolated": isolated,
             "each_org_served_its_adapter": all(any(a != "none" for a in served.get(o, {})) for o in orgs),
         },
@@ -143,15 +139,23 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
         "user_rate_diffs": user_d, "answers": len(answers), "served_checked": len(checked),
         "wrong_version": wrong_version,
         "checks": {
-            "did_excludes_zero": bool(did and did["ci_low"] > 0),
-            "each_org_moves_toward_its_convention": all(
-                m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
-                for m in moves.values()),
-            "shared_suite_no_regression": bool(verdicts) and all(v.get("eval") for v in verdicts.values()),
+            **_did_checks(did, moves, verdicts),
             "gates_and_monitors_pass": bool(verdicts) and all(all(v.values()) for v in verdicts.values()),
             "adapters_isolated": all(own.values()) and base_clean and wrong_version == 0,
             "each_org_served_its_adapter": all(own.values()),
         },
+    }
+
+
+def _did_checks(did: dict | None, moves: dict[str, dict], verdicts: dict[str, dict[str, bool]]) -> dict[str, bool]:
+    """The checks both org tests share: the DiD's CI above zero, each org toward its own convention, and each
+    adapter's shared-suite eval passed (no regression)."""
+    return {
+        "did_excludes_zero": bool(did and did["ci_low"] > 0),
+        "each_org_moves_toward_its_convention": all(
+            m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
+            for m in moves.values()),
+        "shared_suite_no_regression": bool(verdicts) and all(v.get("eval") for v in verdicts.values()),
     }
 
 
