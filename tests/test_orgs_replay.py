@@ -55,6 +55,31 @@ def test_replay_summary_pairs_by_request_and_clusters_by_user(cfg):
     assert not replay_summary(cfg, "prose_after_code", unadapted, [])["checks"]["each_org_served_its_adapter"]
 
 
+def test_a_guard_fails_an_adapter_that_meets_its_convention_by_dropping_code(cfg):
+    """globex rejects prose after code; an adapter that writes no code block at all meets that (v3's route):
+    the DiD passes, the guard on code_block does not."""
+    cfg = _conventions(cfg)
+    answers = []
+    for u in range(4):
+        for org in ("org-acme", "org-globex"):
+            user = f"{org}-u{u}"
+            for j in range(2):
+                base = {"prose_after_code": j == 0, "code_block": True}
+                adapted = {"prose_after_code": org == "org-acme", "code_block": org == "org-acme" or j == 0}
+                answers += [Answer(f"{user}-e0", user, org, "base", j, 1, None, base),
+                            Answer(f"{user}-e0", user, org, "adapter", j, 1, f"{org}-v1-abc", adapted)]
+    s = replay_summary(cfg, "prose_after_code", answers, [], guard="code_block", guard_tolerance=0.05)
+    assert s["checks"]["did_excludes_zero"] and s["checks"]["each_org_moves_toward_its_convention"]
+    assert s["guard"]["org-globex"]["mean_rate_change"] == pytest.approx(-0.5)
+    assert s["guard"]["org-acme"]["mean_rate_change"] == pytest.approx(0.0)
+    assert s["checks"]["guard_kept"] is False
+    whole = [Answer(a.event_id, a.user_id, a.org_id, a.arm, a.sample, 1, a.adapter_version,
+                    {**a.features, "code_block": True}) for a in answers]
+    kept = replay_summary(cfg, "prose_after_code", whole, [], guard="code_block")
+    assert kept["checks"]["guard_kept"] is True and "guard_kept" not in replay_summary(
+        cfg, "prose_after_code", answers, [])["checks"]
+
+
 def test_sample_seeds_are_shared_by_the_arms_and_differ_by_sample():
     assert sample_seed(3, "e1", 0) == sample_seed(3, "e1", 0)
     assert len({sample_seed(3, "e1", j) for j in range(8)} | {sample_seed(4, "e1", 0), sample_seed(3, "e2", 0)}) == 10

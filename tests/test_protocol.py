@@ -143,3 +143,8 @@ def test_a_replay_protocol_must_be_an_orgs_protocol_with_the_replay_test(cfg, tm
                 text.replace("cycles = 2 ", "cycles = 3 ")):
         with pytest.raises(ValueError, match='measure = "replay" goes with primary = "replay_did"'):
             load_protocol(_write(tmp_path, bad))
+    live = (REPO / "bench/protocols/org-conventions-v2.toml").read_text()
+    for bad in (text.replace("[protocol]\n", '[protocol]\nguard = "no_such_feature"\n'),
+                live.replace("[protocol]\n", '[protocol]\nguard = "code_block"\n')):
+        with pytest.raises(ValueError, match="protocol.guard"):
+            load_protocol(_write(tmp_path, bad))

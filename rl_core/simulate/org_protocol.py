@@ -97,13 +97,16 @@ def org_summary(cfg: Config, feature: str, curves: list[CycleMetrics]) -> dict:
 
 
 def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: list[CycleMetrics],
-                   base_version: int = 1, served_answers: list[Answer] | None = None) -> dict:
+                   base_version: int = 1, served_answers: list[Answer] | None = None,
+                   guard: str | None = None, guard_tolerance: float = 0.05) -> dict:
     """The replay protocol's test (rl_core/simulate/replay.py). Per request: the adapter arm's feature rate
     minus the base arm's over its k samples each; per user: the mean over that user's requests (a user's
     requests share the user's tasks, so the user, not the request, is the independent unit); DiD: Welch over
     the users of the org that wants the feature against those of the org that rejects it. Plus each org's own
     move (a t interval over its users) and which weights answered each arm: in served_answers when given
-    (requests through the gateway, whose headers say who answered), else in answers."""
+    (requests through the gateway, whose headers say who answered), else in answers. guard: a feature no
+    adapter may lose (each org's mean per-user change above -guard_tolerance), so that a convention is not met
+    by dropping what it judges (no code block, no prose after it)."""
     conv = cfg.simulate.conventions
     orgs = sorted(conv)
     arms: dict[str, dict[str, list[bool]]] = {}  # event_id -> arm -> feature hits over the samples
@@ -115,11 +118,7 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     for a in answers if served_answers is None else served_answers:
         by = served.setdefault(a.org_id, {}).setdefault(a.arm, {})
         by[a.adapter_version or "none"] = by.get(a.adapter_version or "none", 0) + 1
-    per_user: dict[str, list[float]] = {}
-    for eid, hits in arms.items():
-        if "base" in hits and "adapter" in hits:
-            per_user.setdefault(owner[eid][0], []).append(_mean(hits["adapter"]) - _mean(hits["base"]))
-    user_d = {u: sum(x) / len(x) for u, x in sorted(per_user.items())}
+    user_d = _user_changes(arms, owner)
     groups = {o: [d for u, d in user_d.items() if _org_of(u, orgs) == o] for o in orgs}
     rates = {o: {arm: _mean([h for eid, by in arms.items() if owner[eid][1] == o for h in by.get(arm, [])])
                  for arm in ("base", "adapter")} for o in orgs}
@@ -131,6 +130,14 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     verdicts = org_verdicts(cfg, trained)
     own = {o: all(v.startswith(f"{o}-") for v in served.get(o, {}).get("adapter", {"none": 1})) for o in orgs}
     base_clean = all(set(by.get("base", {})) <= {"none"} for by in served.values())
+    guards = {}
+    if guard:
+        g_arms: dict[str, dict[str, list[bool]]] = {}
+        for a in answers:
+            g_arms.setdefault(a.event_id, {}).setdefault(a.arm, []).append(a.features[guard])
+        g_user = _user_changes(g_arms, owner)
+        guards = {o: {"feature": guard, **_interval([d for u, d in g_user.items() if _org_of(u, orgs) == o])}
+                  for o in orgs}
     checked = answers if served_answers is None else served_answers
     wrong_version = sum(1 for a in checked if a.model_version != base_version)
     return {
@@ -143,8 +150,20 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
             "gates_and_monitors_pass": bool(verdicts) and all(all(v.values()) for v in verdicts.values()),
             "adapters_isolated": all(own.values()) and base_clean and wrong_version == 0,
             "each_org_served_its_adapter": all(own.values()),
+            **({"guard_kept": all(g["mean_rate_change"] is not None and g["mean_rate_change"] > -guard_tolerance
+                                  for g in guards.values())} if guard else {}),
         },
+        **({"guard": guards} if guard else {}),
     }
+
+
+def _user_changes(arms: dict[str, dict[str, list[bool]]], owner: dict[str, tuple[str, str]]) -> dict[str, float]:
+    """user -> the mean over the user's requests of (adapter arm's rate - base arm's rate) over the samples."""
+    per_user: dict[str, list[float]] = {}
+    for eid, hits in arms.items():
+        if "base" in hits and "adapter" in hits:
+            per_user.setdefault(owner[eid][0], []).append(_mean(hits["adapter"]) - _mean(hits["base"]))
+    return {u: sum(x) / len(x) for u, x in sorted(per_user.items())}
 
 
 def _did_checks(did: dict | None, moves: dict[str, dict], verdicts: dict[str, dict[str, bool]]) -> dict[str, bool]:

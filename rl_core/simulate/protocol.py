@@ -36,6 +36,7 @@ from rl_core.rewards.monitors import run_monitors
 from rl_core.runtime.procs import environ
 from rl_core.simulate import replay
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, run_experiment, t_interval
+from rl_core.simulate.features import FEATURES
 from rl_core.simulate.org_protocol import org_summary, replay_summary
 
 
@@ -61,6 +62,8 @@ class Protocol(BaseModel):
     # replay_samples times each (rl_core/simulate/replay.py)
     measure: Literal["live", "replay"] = "live"
     replay_samples: int = Field(4, ge=1, le=32)
+    guard: str | None = None  # replay: a feature no adapter may lose (each org's mean change above -guard_tolerance)
+    guard_tolerance: float = Field(0.05, gt=0, le=1)
     success: str  # the rule, in words, as registered
     min_seeds_excluding_zero: int = Field(2, ge=1)
     config: dict[str, dict] = {}  # rtrl.toml sections -> keys: applied to every run as RTRL_<S>__<K>
@@ -83,6 +86,9 @@ def load_protocol(path: Path) -> Protocol:
             proto.measure == "replay" and (proto.dag != "orgs" or proto.cycles != 2)):
         raise ValueError(f"{path}: protocol.measure = \"replay\" goes with primary = \"replay_did\", dag = \"orgs\" "
                          "and cycles = 2 (cycle 1 live and trained, cycle 2 the replay)")
+    if proto.guard is not None and (proto.measure != "replay" or proto.guard not in FEATURES):
+        raise ValueError(f"{path}: protocol.guard {proto.guard!r} needs measure = \"replay\" and a known answer "
+                         f"feature ({', '.join(sorted(FEATURES))})")
     return proto
 
 
@@ -212,7 +218,8 @@ def _replayed(cfg: Config, proto: Protocol, seed: int, out: Path, dag_id: str | 
     firsts = list({r.user_id: r for r in reversed(reqs)}.values())
     served = replay.replay(cfg, firsts, 1, 1, seed, out / "replay-gateway.log", arms=("adapter",))
     replay.save(served, out / "replay-served.jsonl")
-    orgs = replay_summary(cfg, proto.feature, answers, curves, served_answers=served)
+    orgs = replay_summary(cfg, proto.feature, answers, curves, served_answers=served, guard=proto.guard,
+                          guard_tolerance=proto.guard_tolerance)
     mon = {o: v.get("monitors", False) for o, v in orgs["org_verdicts"].items()}
     return curves, {"monitors": {"passed": bool(mon) and all(mon.values()), "reasons": [
                         f"{o}: the adapter's monitors failed" for o, ok in mon.items() if not ok]},
@@ -262,13 +269,17 @@ def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
             for org, ys in by_org.items():  # orgs: each org's line, on the protocol's feature (what it measures)
                 ax.plot(list(range(1, len(ys) + 1)), [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
                         label=f"seed {s['seed']}, {org}")
+    orgs = any(s.get("orgs") for s in summaries)
+    replayed = any(s.get("replay") for s in summaries)  # org lines: x=1 v1, x=2 the org's adapter, same requests
     axes[0].set_title("mean reward (95% CI over users)")
     for ax, name in zip(axes[1:n], features, strict=True):
-        ax.set_title(f"{name} rate (95% CI)" + (" - preferred" if name == features[0] else ""))
+        mark = (" - each org's convention" if orgs else " - preferred") if name == features[0] else ""
+        ax.set_title(f"{name} rate (95% CI){mark}")
         ax.set_ylim(0, 1)
+    ticks = sorted({c["cycle"] for s in summaries for c in s["cycles"]} | ({1, 2} if replayed else set()))
     for ax in axes[:n]:
-        ax.set_xticks(sorted({c["cycle"] for s in summaries for c in s["cycles"]}))
-        ax.set_xlabel("cycle (1 = base v1)")
+        ax.set_xticks(ticks, ["v1", "org adapter (replay)"] if replayed else [str(t) for t in ticks])
+        ax.set_xlabel("cycle 1's requests, replayed" if replayed else "cycle (1 = base v1)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(summaries[0]["protocol"] if summaries else "")
