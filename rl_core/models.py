@@ -41,11 +41,21 @@ def is_complete(folder: Path) -> bool:
 
 
 def _finish(tmp: Path, out: Path, meta: dict) -> Path:
+    """Move a finished build into place. Builds are deterministic, so when another process (a parallel test
+    worker) finished first, its copy stays: a reader may be loading it, and removing it would break that read."""
     (tmp / DONE_MARK).write_text(json.dumps(meta, indent=2) + "\n")
+    if is_complete(out):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
     if out.exists():
-        shutil.rmtree(out)
+        shutil.rmtree(out)  # a half-written folder from an interrupted build
     out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process moved its build in between
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_complete(out):
+            raise
     return out
 
 
