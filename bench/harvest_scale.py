@@ -55,7 +55,7 @@ def peak_rss_gb() -> float:
     reported this bench's generator (9.2 GB at 10M) until 2026-12-05, whatever the harvest used."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20  # kB -> GB
+            return int(line.split()[1]) / 2**20  # kB -> GiB
     raise RuntimeError("no VmHWM in /proc/self/status: this bench measures memory on Linux only")
 
 

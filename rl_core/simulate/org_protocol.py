@@ -109,12 +109,9 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     by dropping what it judges (no code block, no prose after it)."""
     conv = cfg.simulate.conventions
     orgs = sorted(conv)
-    arms: dict[str, dict[str, list[bool]]] = {}  # event_id -> arm -> feature hits over the samples
-    owner: dict[str, tuple[str, str]] = {}  # event_id -> (user, org)
+    arms = _hits(answers, feature)  # event_id -> arm -> feature hits over the samples
+    owner = {a.event_id: (a.user_id, a.org_id) for a in answers}
     served: dict[str, dict[str, dict[str, int]]] = {}  # org -> arm -> adapter_version or "none" -> answers
-    for a in answers:
-        arms.setdefault(a.event_id, {}).setdefault(a.arm, []).append(a.features[feature])
-        owner[a.event_id] = (a.user_id, a.org_id)
     for a in answers if served_answers is None else served_answers:
         by = served.setdefault(a.org_id, {}).setdefault(a.arm, {})
         by[a.adapter_version or "none"] = by.get(a.adapter_version or "none", 0) + 1
@@ -132,10 +129,7 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     base_clean = all(set(by.get("base", {})) <= {"none"} for by in served.values())
     guards = {}
     if guard:
-        g_arms: dict[str, dict[str, list[bool]]] = {}
-        for a in answers:
-            g_arms.setdefault(a.event_id, {}).setdefault(a.arm, []).append(a.features[guard])
-        g_user = _user_changes(g_arms, owner)
+        g_user = _user_changes(_hits(answers, guard), owner)
         guards = {o: {"feature": guard, **_interval([d for u, d in g_user.items() if _org_of(u, orgs) == o])}
                   for o in orgs}
     checked = answers if served_answers is None else served_answers
@@ -155,6 +149,14 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
         },
         **({"guard": guards} if guard else {}),
     }
+
+
+def _hits(answers: list[Answer], feature: str) -> dict[str, dict[str, list[bool]]]:
+    """event_id -> arm -> whether each of its samples has the feature."""
+    hits: dict[str, dict[str, list[bool]]] = {}
+    for a in answers:
+        hits.setdefault(a.event_id, {}).setdefault(a.arm, []).append(a.features[feature])
+    return hits
 
 
 def _user_changes(arms: dict[str, dict[str, list[bool]]], owner: dict[str, tuple[str, str]]) -> dict[str, float]:
