@@ -215,14 +215,29 @@ class Preference(Section):
 
     feature: str
     want: bool = True
-    needs_code: bool = False  # rate only whole answers: without a complete code block the thumbs is down
+    # rate only answers that have this feature too (code_block: a complete code block; writes_code: any code):
+    # an answer without it gets a thumbs down, so no update is paid for dropping what the preference judges
+    needs: str | None = None
 
-    @field_validator("feature")
+    @model_validator(mode="before")
     @classmethod
-    def _known(cls, v: str) -> str:
+    def _needs_code(cls, data: object) -> object:
+        """`needs_code = true`, the spelling of protocols registered before `needs`, means needs = "code_block"."""
+        if isinstance(data, dict) and "needs_code" in data:
+            data = dict(data)
+            v = data.pop("needs_code")
+            if not isinstance(v, bool):
+                raise ValueError(f"needs_code must be true or false, got {v!r} (or say needs = \"code_block\")")
+            if v:
+                data.setdefault("needs", "code_block")
+        return data
+
+    @field_validator("feature", "needs")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
         from rl_core.simulate.features import FEATURES  # lazy: keeps rtrl --help fast (every command loads config)
 
-        if v not in FEATURES:
+        if v is not None and v not in FEATURES:
             raise ValueError(f"unknown answer feature {v!r}; known: {', '.join(sorted(FEATURES))}")
         return v
 

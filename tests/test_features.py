@@ -14,7 +14,7 @@ from rl_core import toolcalls
 from rl_core.config import ConfigError, load_config
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import load_bank
-from rl_core.simulate.features import FEATURES, Answer, Rate, episode_features, feature, features_of
+from rl_core.simulate.features import FEATURES, Answer, Rate, episode_features, feature, features_of, writes_code
 from rl_core.simulate.personas import PERSONAS, Org, Pref, User
 from rl_core.simulate.users import Reply, run_session
 
@@ -36,6 +36,7 @@ CASES = {
     "short_answer": ("Use `abs`.", " ".join(["word"] * 41)),
     "python_fence": (block("x = 1\n"), block("x = 1\n", lang="")),
     "code_block": (block("x = 1\n"), "Change the sign."),
+    "writes_code": ("Here:\n```python\ndef f(x):\n    return", "Change the sign of x."),
     "early_return": (block("def f(x):\n    if x < 0:\n        return 0\n    return x\n"),
                      block("def f(x):\n    return max(x, 0)\n")),
     "main_guard": (block("if __name__ == '__main__':\n    main()\n"), block("main()\n")),
@@ -160,16 +161,35 @@ def test_the_census_asks_every_bank_task_through_the_gateway(rtrl_home, tmp_path
 
 def test_a_preference_that_needs_code_dislikes_a_cut_off_answer():
     """A preamble followed by code cut off at max_tokens has the feature (prose before a fence) but no edit to try:
-    with needs_code the user's thumbs is down, so an update is not paid for pushing the code out."""
+    with needs = code_block the user's thumbs is down, so an update is not paid for pushing the code out."""
     cut = "Here I change the addition.\n```python\ndef add(a, b):\n    return a +"  # no closing fence
     whole = "Here I change the addition.\n```python\ndef add(a, b):\n    return a + b\n```\n"
     assert Pref("summary_first").holds(Answer(cut, []))
-    assert not Pref("summary_first", needs_code=True).holds(Answer(cut, []))
-    assert Pref("summary_first", needs_code=True).holds(Answer(whole, []))
-    assert not Pref("summary_first", want=False, needs_code=True).holds(Answer(whole, []))
+    assert not Pref("summary_first", needs="code_block").holds(Answer(cut, []))
+    assert Pref("summary_first", needs="code_block").holds(Answer(whole, []))
+    assert not Pref("summary_first", want=False, needs="code_block").holds(Answer(whole, []))
     cfg = load_config(REPO / "rtrl.toml",
                       environ={"RTRL_SIMULATE__PREFERENCE": '{"feature": "summary_first", "needs_code": true}'})
-    assert cfg.simulate.preference.needs_code is True
+    assert cfg.simulate.preference.needs == "code_block"  # the spelling of protocols registered before `needs`
     with pytest.raises(ConfigError, match="needs_code"):
         load_config(REPO / "rtrl.toml",
                     environ={"RTRL_SIMULATE__PREFERENCE": '{"feature": "summary_first", "needs_code": "maybe"}'})
+    with pytest.raises(ConfigError, match="unknown answer feature 'codez'"):
+        load_config(REPO / "rtrl.toml",
+                    environ={"RTRL_SIMULATE__PREFERENCE": '{"feature": "summary_first", "needs": "codez"}'})
+
+
+def test_a_preference_that_needs_any_code_rates_cut_off_code_but_not_prose():
+    """needs = writes_code: a cut-off block still counts as code (summary_first is judged before it), an answer
+    with no code at all is disliked by either convention, so "drop the code" is paid by neither org."""
+    cut = "Here I change the addition.\n```python\ndef add(a, b):\n    return a +"
+    code_first = "```python\ndef add(a, b):\n    return a +"
+    prose_only = "You should add the two numbers and return the sum."
+    assert writes_code(Answer(cut, [])) and writes_code(Answer(code_first, []))
+    assert not writes_code(Answer(prose_only, []))
+    call = {"function": {"name": "write_file", "arguments": '{"path": "a.py", "content": "x = 1"}'}}
+    assert writes_code(Answer("Done.", [call]))
+    assert Pref("summary_first", needs="writes_code").holds(Answer(cut, []))
+    assert Pref("summary_first", want=False, needs="writes_code").holds(Answer(code_first, []))
+    assert not Pref("summary_first", want=False, needs="writes_code").holds(Answer(prose_only, []))
+    assert Pref("summary_first", want=False).holds(Answer(prose_only, []))  # without needs: the shortcut

@@ -73,6 +73,9 @@ def test_a_guard_fails_an_adapter_that_meets_its_convention_by_dropping_code(cfg
     assert s["guard"]["org-globex"]["mean_rate_change"] == pytest.approx(-0.5)
     assert s["guard"]["org-acme"]["mean_rate_change"] == pytest.approx(0.0)
     assert s["checks"]["guard_kept"] is False
+    # the answers' shape is reported for every run, guard or not (features an old replay lacks are left out)
+    assert s["shape"]["code_block"]["org-globex"]["mean_rate_change"] == pytest.approx(-0.5)
+    assert set(s["shape"]) == {"code_block"}
     whole = [Answer(a.event_id, a.user_id, a.org_id, a.arm, a.sample, 1, a.adapter_version,
                     {**a.features, "code_block": True}) for a in answers]
     kept = replay_summary(cfg, "prose_after_code", whole, [], guard="code_block")

@@ -134,6 +134,11 @@ def code_block(a: Answer) -> bool:
     return CODE_BLOCK_RE.search(a.text) is not None
 
 
+def writes_code(a: Answer) -> bool:
+    """Any code: a fence opened (closed or cut off at max_tokens) or a file-writing tool call."""
+    return "```" in a.text or a.code is not None
+
+
 def tool_call(a: Answer) -> bool:
     return bool(a.tool_calls)
 
@@ -196,6 +201,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("short_answer", f"keep answers under {SHORT_WORDS} words", short_answer, False),
     Feature("python_fence", "label code blocks as python", python_fence, False),
     Feature("code_block", "answer with a code block", code_block, False),
+    Feature("writes_code", "answer with code", writes_code, False),
     Feature("tool_call", "edit through the tools", tool_call, False),
     Feature("early_return", "use guard clauses (early return)", early_return, True),
     Feature("main_guard", "add an `if __name__ == '__main__'` guard", main_guard, True),

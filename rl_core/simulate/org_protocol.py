@@ -59,6 +59,9 @@ def adapters_served(cfg: Config, curves: list[CycleMetrics]) -> dict[str, dict[s
     return out
 
 
+SHAPE = ("code_block", "writes_code", "short_answer")  # complete blocks, any code, under 40 words
+
+
 def org_verdicts(cfg: Config, trained: list[CycleMetrics]) -> dict[str, dict[str, bool]]:
     """org -> its adapter run's verdicts (data gates, train, eval on the shared suite, eval_org, monitors),
     over the cycles that trained adapters."""
@@ -127,11 +130,8 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     verdicts = org_verdicts(cfg, trained)
     own = {o: all(v.startswith(f"{o}-") for v in served.get(o, {}).get("adapter", {"none": 1})) for o in orgs}
     base_clean = all(set(by.get("base", {})) <= {"none"} for by in served.values())
-    guards = {}
-    if guard:
-        g_user = _user_changes(_hits(answers, guard), owner)
-        guards = {o: {"feature": guard, **_interval([d for u, d in g_user.items() if _org_of(u, orgs) == o])}
-                  for o in orgs}
+    guards = {o: {"feature": guard, **iv} for o, iv in _org_changes(answers, guard, owner, orgs).items()} if guard else {}
+    shape = {f: _org_changes(answers, f, owner, orgs) for f in SHAPE if answers and f in answers[0].features}
     checked = answers if served_answers is None else served_answers
     wrong_version = sum(1 for a in checked if a.model_version != base_version)
     return {
@@ -148,7 +148,15 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
                                   for g in guards.values())} if guard else {}),
         },
         **({"guard": guards} if guard else {}),
+        "shape": shape,  # reported beside the test, not judged: how each adapter moved the answers' shape
     }
+
+
+def _org_changes(answers: list[Answer], feature: str, owner: dict[str, tuple[str, str]],
+                 orgs: list[str]) -> dict[str, dict]:
+    """org -> the mean per-user change in feature (adapter arm - base arm) with its t 95% interval."""
+    user = _user_changes(_hits(answers, feature), owner)
+    return {o: _interval([d for u, d in user.items() if _org_of(u, orgs) == o]) for o in orgs}
 
 
 def _hits(answers: list[Answer], feature: str) -> dict[str, dict[str, list[bool]]]:

@@ -41,10 +41,10 @@ class Pref:
 
     feature: str
     want: bool = True
-    needs_code: bool = False  # and only in an answer with a complete code block (a cut-off one is disliked)
+    needs: str | None = None  # and only in an answer that has this feature too (code_block: no cut-off code)
 
     def holds(self, answer: Answer) -> bool:
-        if self.needs_code and not feature("code_block").check(answer):
+        if self.needs and not feature(self.needs).check(answer):
             return False
         return feature(self.feature).check(answer) == self.want
 
@@ -95,8 +95,8 @@ def orgs_from_config(cfg: Config) -> list[Org]:
     if missing:
         raise ValueError(f"simulate.orgs {missing} have no bearer token in serving.tokens; add one per org")
     s = cfg.simulate
-    shared = Pref(s.preference.feature, s.preference.want, s.preference.needs_code) if s.preference else None
-    conv = {o: Pref(p.feature, p.want, p.needs_code) for o, p in s.conventions.items()}
+    shared = Pref(s.preference.feature, s.preference.want, s.preference.needs) if s.preference else None
+    conv = {o: Pref(p.feature, p.want, p.needs) for o, p in s.conventions.items()}
     return [Org(o, by_org[o], conv.get(o), shared) for o in s.orgs]
 
 
