@@ -9,7 +9,9 @@ z-interval of the mean difference excludes zero: noise alone never blocks a chec
 but certain drop within tolerance neither.
 
 Metrics compared per task: passed (higher is better), clarified (asked instead of acting: lower is
-better) and invalid_tool_rate (lower is better). The promotion gate reads the verdict.
+better), invalid_tool_rate (lower is better) and wrote_code (changed a file or answered with a complete code
+block: higher is better; an update that met a reward by writing less code, as two org adapters did in
+docs/results.md, fails here even where pass rates are near zero either way). The promotion gate reads the verdict.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from rl_core.registry.store import checkpoint_path
 from rl_core.reports import Verdict, write_verdict
 
 # per-task metric -> +1 when higher is better, -1 when lower is better
-PAIRED_METRICS = {"passed": +1, "clarified": -1, "invalid_tool_rate": -1}
+PAIRED_METRICS = {"passed": +1, "clarified": -1, "invalid_tool_rate": -1, "wrote_code": +1}
 
 
 @dataclass

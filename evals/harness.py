@@ -18,6 +18,7 @@ from evals import sandbox
 from evals.policies import Policy
 from evals.tasks import Task
 from evals.tools import Workspace, openai_tools, run_tests
+from rl_core.simulate.features import Answer, code_block
 
 SYSTEM_PROMPT = (
     "You are a coding assistant working in the user's repository. Make the change they ask for by calling "
@@ -57,6 +58,7 @@ class TaskResult:
     duration_s: float  # the whole episode, hidden tests included
     error: str = ""
     transcript: str = "[]"  # JSON of the messages, for reading a failure
+    wrote_code: bool = False  # changed a file or answered with a complete code block (an update must not lose it)
 
     @property
     def invalid_tool_rate(self) -> float:
@@ -80,7 +82,7 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": request_text(task)}]
     turns = calls = valid = p_tok = c_tok = 0
     latency = 0.0
-    clarified = False
+    clarified = wrote = False
     error = ""
     with tempfile.TemporaryDirectory(prefix="rtrl-ep-") as tmp:
         ws = Workspace(Path(tmp), task.files, task.tools, budget.limits)
@@ -92,6 +94,7 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
                 p_tok += c.prompt_tokens
                 c_tok += c.completion_tokens
                 latency += c.latency_ms
+                wrote = wrote or code_block(Answer(c.content or ""))
                 msg: dict = {"role": "assistant", "content": c.content}
                 if c.tool_calls:
                     msg["tool_calls"] = c.tool_calls
@@ -111,5 +114,5 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
     return TaskResult(
         task.id, task.kind, policy.name, tr.passed and not error, tr.n_passed, tr.n_failed, tr.status, turns, calls,
         valid, clarified, p_tok, c_tok, round(latency, 1), round(time.perf_counter() - t0, 3), error,
-        json.dumps(messages)[:50_000],
+        json.dumps(messages)[:50_000], wrote or final != original,
     )

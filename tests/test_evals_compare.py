@@ -14,9 +14,10 @@ from rl_core.lake import lake_from_config
 from rl_core.reports import read_verdict
 
 
-def _r(task_id: str, passed: bool, clarified: bool = False, calls: int = 1, valid: int = 1) -> TaskResult:
+def _r(task_id: str, passed: bool, clarified: bool = False, calls: int = 1, valid: int = 1,
+       wrote_code: bool = False) -> TaskResult:
     return TaskResult(task_id, "bugfix", "p", passed, int(passed), int(not passed), "passed", 1, calls, valid,
-                      clarified, 10, 5, 1.0, 0.1)
+                      clarified, 10, 5, 1.0, 0.1, wrote_code=wrote_code)
 
 
 def test_paired_se_matches_hand_computation():
@@ -58,6 +59,16 @@ def test_clarifying_more_is_a_regression_even_at_equal_pass_rate():
     assert [m.metric for m in result.metrics if m.regression] == ["clarified"]
 
 
+def test_writing_less_code_is_a_regression_even_where_nothing_passes():
+    """Two org adapters met their reward by writing fewer complete code blocks while the suite's pass rates
+    stayed near zero (docs/results.md, org-conventions v3 and v4): the eval now compares that too."""
+    base = [_r(f"t{i}", False, calls=0, valid=0, wrote_code=i < 16) for i in range(20)]
+    cand = [_r(f"t{i}", False, calls=0, valid=0, wrote_code=i < 6) for i in range(20)]
+    result = compare("r", cand, base, tolerance=0.02)
+    assert [m.metric for m in result.metrics if m.regression] == ["wrote_code"] and not result.passed
+    assert compare("r", base, base, tolerance=0.02).passed
+
+
 def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="unknown metric"):
         paired([_r("a", True)], [_r("a", True)], "vibes", 0.0)
@@ -69,7 +80,7 @@ def test_planted_asking_candidate_is_judged_a_regression(cfg):
     tasks = load_tasks(cfg.path(cfg.eval.tasks_dir), limit=cfg.eval.task_limit)
     result = compare_policies(cfg, "cycle-asking", AskingPolicy(), OraclePolicy(tasks), tasks)
     assert result.verdict == "regression" and not result.passed
-    assert {m.metric for m in result.metrics if m.regression} == {"passed", "clarified"}
+    assert {m.metric for m in result.metrics if m.regression} == {"passed", "clarified", "wrote_code"}
     lake = lake_from_config(cfg)
     v = read_verdict(lake, "cycle-asking", "eval")
     assert v is not None and not v.passed and any(r.startswith("passed:") for r in v.reasons)
@@ -81,7 +92,7 @@ def test_planted_asking_candidate_is_judged_a_regression(cfg):
 def test_planted_broken_tool_candidate_regresses_on_validity(cfg):
     tasks = load_tasks(cfg.path(cfg.eval.tasks_dir), limit=4)
     result = compare_policies(cfg, "cycle-broken", BrokenToolPolicy(), OraclePolicy(tasks), tasks)
-    assert {m.metric for m in result.metrics if m.regression} == {"passed", "invalid_tool_rate"}
+    assert {m.metric for m in result.metrics if m.regression} == {"passed", "invalid_tool_rate", "wrote_code"}
 
 
 def test_good_candidate_passes(cfg):

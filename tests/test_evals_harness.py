@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from evals.harness import Budget, request_text, run_episode
-from evals.policies import BrokenToolPolicy, LocalPolicy, OpenAIPolicy, OraclePolicy
+from evals.policies import BrokenToolPolicy, Completion, LocalPolicy, OpenAIPolicy, OraclePolicy
 from evals.runner import aggregate, results_table, run_suite
 from evals.sandbox import Limits
 from evals.tasks import load_tasks
@@ -42,6 +42,16 @@ def test_oracle_and_broken_tool_policies_are_scored(tmp_path):
     assert good.passed and good.hidden_passed == 1 and good.tool_calls == 1 and good.valid_tool_calls == 1
     bad = run_episode(task, BrokenToolPolicy(), Budget())
     assert not bad.passed and bad.tool_calls == 1 and bad.valid_tool_calls == 0 and bad.invalid_tool_rate == 1.0
+    assert good.wrote_code and not bad.wrote_code  # a file changed; a broken call changes none and shows no code
+
+    class Pasting:  # answers with a complete code block and no tool call (what SmolLM2 does)
+        name = "scripted:pasting"
+
+        def complete(self, messages, tools, max_tokens, temperature):
+            return Completion("Here:\n```python\ndef clamp(x, lo, hi):\n    return x\n```", [], 10, 10, 0.0, "stop")
+
+    pasted = run_episode(task, Pasting(), Budget())
+    assert pasted.wrote_code and not pasted.passed and pasted.tool_calls == 0
     agg = aggregate([good, bad])
     assert agg["pass_rate"] == 0.5 and agg["tool_call_validity_rate"] == 0.5
 
