@@ -83,6 +83,34 @@ def test_a_guard_fails_an_adapter_that_meets_its_convention_by_dropping_code(cfg
         cfg, "prose_after_code", answers, [])["checks"]
 
 
+def test_the_writes_code_guard_fails_an_adapter_whose_preamble_pushes_the_code_past_the_token_cap(cfg):
+    """v5's failure, from answer texts through the real feature checks: acme wants a sentence before the code,
+    and its adapter writes one so long that, cut at max_tokens, half its answers never open a fence. The DiD
+    on summary_first passes; the writes_code guard (on the same texts) does not."""
+    from rl_core.config import Preference
+    from rl_core.simulate.features import features_of
+
+    cfg.simulate.conventions = {"org-acme": Preference(feature="summary_first", want=True, needs="writes_code"),
+                                "org-globex": Preference(feature="summary_first", want=False, needs="writes_code")}
+    code = "```python\ndef f(x):\n    return x + 1\n```"
+    texts = {("org-acme", "base"): [code, code],
+             ("org-acme", "adapter"): ["This change adds one to x.\n" + code, "First, let me explain " + "why " * 60],
+             ("org-globex", "base"): ["Here is the fix.\n" + code, code],
+             ("org-globex", "adapter"): [code, code]}
+    answers = [Answer(f"{org}-u{u}-e0", f"{org}-u{u}", org, arm, j, 1, None if arm == "base" else f"{org}-v1-abc",
+                      features_of(texts[org, arm][j]))
+               for u in range(4) for (org, arm) in texts for j in range(2)]
+    s = replay_summary(cfg, "summary_first", answers, [], guard="writes_code", guard_tolerance=0.05)
+    assert s["org_moves"]["org-acme"]["mean_rate_change"] == pytest.approx(0.5)  # 0 of 2 -> 1 of 2...
+    assert s["org_moves"]["org-globex"]["mean_rate_change"] == pytest.approx(-0.5)
+    assert s["checks"]["did_excludes_zero"] and s["checks"]["each_org_moves_toward_its_convention"]
+    assert s["guard"]["org-acme"]["feature"] == "writes_code"
+    assert s["guard"]["org-acme"]["mean_rate_change"] == pytest.approx(-0.5)  # ...but half its answers lost the code
+    assert s["guard"]["org-globex"]["mean_rate_change"] == pytest.approx(0.0)
+    assert s["checks"]["guard_kept"] is False
+    assert s["shape"]["writes_code"]["org-acme"]["mean_rate_change"] == pytest.approx(-0.5)
+
+
 def test_sample_seeds_are_shared_by_the_arms_and_differ_by_sample():
     assert sample_seed(3, "e1", 0) == sample_seed(3, "e1", 0)
     assert len({sample_seed(3, "e1", j) for j in range(8)} | {sample_seed(4, "e1", 0), sample_seed(3, "e2", 0)}) == 10
