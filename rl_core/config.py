@@ -15,7 +15,6 @@ A bad value raises ConfigError naming the file (or env variable), the section an
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tomllib
 from pathlib import Path
@@ -23,13 +22,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from rl_core.config_sources import (
+    REPO_ROOT,
+    ConfigError,
+    deep_merge,
+    env_overrides,
+    find_config_file,
+    flatten,
+    format_errors,
+)
+
 PROFILES = ("default", "tiny")
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names where it came from and which field."""
-
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -325,57 +328,6 @@ class Config(Section):
 
 # --- loading ----------------------------------------------------------------------------------------
 
-def find_config_file() -> Path | None:
-    if explicit := os.environ.get("RTRL_CONFIG"):
-        if not Path(explicit).is_file():
-            raise ConfigError(f"RTRL_CONFIG={explicit}: no such file")
-        return Path(explicit)
-    return next((c for c in (Path.cwd() / "rtrl.toml", REPO_ROOT / "rtrl.toml") if c.is_file()), None)
-
-
-def _deep_merge(base: dict, over: dict, sources: dict, origin: str, prefix: str = "") -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("tokens", "weights"):
-            out[key] = _deep_merge(out[key], value, sources, origin, dotted + ".")
-        else:
-            out[key] = value
-            sources[dotted] = origin
-    return out
-
-
-def _env_overrides(environ: dict[str, str], sources: dict) -> dict:
-    over: dict[str, Any] = {}
-    for name, raw in environ.items():
-        if not name.startswith("RTRL_") or "__" not in name:
-            continue
-        section, _, key = name[len("RTRL_"):].lower().partition("__")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key in _STRING_KEYS:
-            value = raw  # e.g. RTRL_SERVING__HOST=127 stays a string
-        over.setdefault(section, {})[key] = value
-        sources[f"{section}.{key}"] = f"env {name}"
-    return over
-
-
-_STRING_KEYS = {"host", "root", "home", "tracking_uri", "artifact_root", "hostfile", "wal_dir", "tasks_dir"}
-
-
-def _format_errors(err: ValidationError, sources: dict, file_label: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = [str(x) for x in e["loc"]]
-        # the most specific key that has a recorded origin (the file, the profile or an env variable)
-        origin = next((sources[k] for i in range(len(loc), 0, -1) if (k := ".".join(loc[:i])) in sources), None)
-        field = f"[{loc[0]}] {'.'.join(loc[1:])}" if len(loc) > 1 else ".".join(loc)
-        lines.append(f"{origin or file_label}: {field}: {e['msg']} (got {e.get('input')!r})")
-    return "invalid rtrl config:\n  " + "\n  ".join(lines)
-
-
 def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
     """Load the effective config (file + profile + env). Raises ConfigError naming file and field."""
     environ = dict(os.environ if environ is None else environ)
@@ -388,15 +340,15 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
             data = tomllib.loads(file.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
-        sources.update({k: str(file) for k in _flatten(data)})
+        sources.update({k: str(file) for k in flatten(data)})
     profiles = data.pop("profiles", {}) or {}
     profile = environ.get("RTRL_PROFILE") or data.get("profile") or "default"
     if profile not in PROFILES:
         raise ConfigError(f"RTRL_PROFILE={profile!r}: unknown profile; choose one of {', '.join(PROFILES)}")
     if profile in profiles:
-        data = _deep_merge(data, profiles[profile], sources, f"{label} [profiles.{profile}]")
+        data = deep_merge(data, profiles[profile], sources, f"{label} [profiles.{profile}]")
     data["profile"] = profile
-    data = _deep_merge(data, _env_overrides(environ, sources), sources, "env")
+    data = deep_merge(data, env_overrides(environ, sources), sources, "env")
     base_dir = file.parent if file else REPO_ROOT
     home = environ.get("RTRL_HOME") or data.get("home") or "var"
     data["home"] = str((base_dir / home).resolve()) if not os.path.isabs(home) else home
@@ -404,13 +356,4 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, sources, label)) from None
-
-
-def _flatten(d: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for k, v in d.items():
-        if isinstance(v, dict) and k != "profiles":
-            keys.extend(_flatten(v, f"{prefix}{k}."))
-        keys.append(f"{prefix}{k}")
-    return keys
+        raise ConfigError(format_errors(exc, sources, label)) from None
