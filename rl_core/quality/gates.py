@@ -75,6 +75,15 @@ def _finish(lake: Lake, run_id: str, name: str, outcomes: list[Outcome], problem
     return verdict
 
 
+def _read_run_file(cfg: Config, lake: Lake, sql_name: str, path: str):
+    """One of sql/quality/'s queries over one of the run's files, as a DataFrame."""
+    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
+    try:
+        return con.sql(load_sql(sql_name), params={"path": lake.url(path)}).df()
+    finally:
+        con.close()
+
+
 def known_versions(cfg: Config) -> list[int]:
     """Every version of the registered model (a version outside this list was logged wrongly)."""
     return store.known_versions(cfg)
@@ -144,11 +153,7 @@ def gate_episodes(cfg: Config, run_id: str) -> Verdict:
     details = {"policy_version": manifest.get("policy_version")}
     if problems:
         return _finish(lake, run_id, "gate_episodes", [], problems, details)
-    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
-    try:
-        df = con.sql(load_sql("quality/episodes.sql"), params={"path": lake.url(path)}).df()
-    finally:
-        con.close()
+    df = _read_run_file(cfg, lake, "quality/episodes.sql", path)
     g = cfg.gates
     details |= {"episodes": len(df), "feedback_share": float(df["has_feedback"].mean()) if len(df) else 0.0}
     checks = _ids("event_id") + [
@@ -191,11 +196,7 @@ def gate_rewards(cfg: Config, run_id: str) -> Verdict:
     details = {"episodes": n_episodes, "reward_config_hash": cfg.rewards.config_hash()}
     if problems:
         return _finish(lake, run_id, "gate_rewards", [], problems, details)
-    con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
-    try:
-        df = con.sql(load_sql("quality/rewards.sql"), params={"path": lake.url(path)}).df()
-    finally:
-        con.close()
+    df = _read_run_file(cfg, lake, "quality/rewards.sql", path)
     g = cfg.gates
     details |= {"rewards": len(df), "mean_reward": float(df["reward"].mean()) if len(df) else None}
     checks = _ids("event_id") + [
