@@ -161,6 +161,15 @@ def test_logged_requests_replay_to_the_base_and_to_the_orgs_adapter(registered, 
     assert len({text["org-globex", "base", j] for j in range(3)}) > 1  # the samples are samples, not one answer
     assert replay_summary(cfg, "prose_after_code", batched, [])["org_moves"]["org-globex"]["mean_rate_change"] == 0
 
+    # an adapter its gates refused (no live alias) is still measured, so the run reports what the update learned;
+    # the gateway serves that org nothing but the base, which the served check reports
+    store.delete_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, reason="test: refused by its eval")
+    refused = sample_batched(cfg, reqs[:1], 1, 1, seed=0)
+    assert {a.adapter_version for a in refused if a.arm == "adapter"} == {live["org-acme"]}
+    served = replay(cfg, reqs, 1, 1, seed=0, log=tmp_path / "served.log", arms=("adapter",))
+    s = replay_summary(cfg, "prose_after_code", refused, [], served_answers=served)
+    assert not s["checks"]["each_org_served_its_adapter"] and s["adapters_served"]["org-acme"]["adapter"] == {"none": 1}
+
 
 def identity_adapter(base, out):
     """A real peft LoRA that changes nothing (B = 0, peft's default init): base + adapter == base."""

@@ -108,8 +108,17 @@ def live_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
     """The adapter serving org_id now (alias `live`), or None: what the gateway asks per org."""
     acfg = adapter_config(cfg, org_id)
     version = store.version_for_alias(acfg, LIVE_ALIAS)
-    if version is None:
-        return None
+    return None if version is None else _adapter(acfg, org_id, version)
+
+
+def newest_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
+    """The org's newest registered adapter, live or not (one its gates refused included), or None."""
+    acfg = adapter_config(cfg, org_id)
+    versions = store.known_versions(acfg)
+    return _adapter(acfg, org_id, max(versions)) if versions else None
+
+
+def _adapter(acfg: Config, org_id: str, version: int) -> AdapterVersion:
     mv = store.get_version(acfg, version)
     return AdapterVersion(org_id, acfg.mlflow.model_name, version, mv.tags.get("adapter_version", ""),
                           str(store.checkpoint_path(acfg, version)), int(mv.tags.get("parent_version", 0)))

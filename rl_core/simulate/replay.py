@@ -138,7 +138,6 @@ def sample_batched(cfg: Config, requests: list[Request], base_version: int, samp
     with the org's live adapter merged, rl_core/orgs/serving.py), sampled as the gateway samples (temperature
     only, no top-k, the serving max_tokens), rendered and parsed as the gateway does. A batch holds
     batch // samples requests of one org, the same on both arms, with the same seed (common random numbers)."""
-    from rl_core.orgs.registry import live_adapter  # lazy: the gateway path above does not need the registry
     from rl_core.orgs.serving import load_adapter_backend
     from rl_core.registry import store
     from rl_core.serving.backends.hf import TransformersBackend
@@ -148,10 +147,8 @@ def sample_batched(cfg: Config, requests: list[Request], base_version: int, samp
     arms = {"base": (TransformersBackend(base_ck, dtype=cfg.model.dtype), None)}
     out: list[Answer] = []
     for org in sorted({r.org_id for r in requests}):
-        live = live_adapter(cfg, org)
-        if live is None or int(live.base_version) != base_version:
-            raise RuntimeError(f"replay: {org} has no live adapter on version {base_version} to measure")
-        arms["adapter"] = (load_adapter_backend(base_ck, live.path, cfg.model.dtype), live.adapter_version)
+        ad = _measured_adapter(cfg, org, base_version)
+        arms["adapter"] = (load_adapter_backend(base_ck, ad.path, cfg.model.dtype), ad.adapter_version)
         mine = [r for r in requests if r.org_id == org]
         for i in range(0, len(mine), per):
             group = mine[i:i + per]
@@ -165,6 +162,22 @@ def sample_batched(cfg: Config, requests: list[Request], base_version: int, samp
                                       features_of(content, calls), content))
             print(f"[replay] {org}: {min(i + per, len(mine))}/{len(mine)} requests", file=sys.stderr)
     return out
+
+
+def _measured_adapter(cfg: Config, org: str, base_version: int):
+    """The org's live adapter on base_version; where its gates refused it (none live), the newest one registered on
+    base_version, so a run still reports what the update learned (the served check then shows it is not served)."""
+    from rl_core.orgs.registry import live_adapter, newest_adapter  # lazy: the gateway path does not need it
+
+    live = live_adapter(cfg, org)
+    if live is not None and int(live.base_version) == base_version:
+        return live
+    newest = newest_adapter(cfg, org)
+    if newest is None or int(newest.base_version) != base_version:
+        raise RuntimeError(f"replay: {org} has no adapter on version {base_version} to measure")
+    print(f"[replay] {org}: no live adapter (its gates refused it); measuring the newest registered one, "
+          f"{newest.adapter_version}, which no user is served", file=sys.stderr)
+    return newest
 
 
 def _generate(backend, group: list[Request], samples: int, seed: int, temperature: float,
