@@ -24,6 +24,13 @@ from rl_core.config import Config
 
 RAW_TABLES = ("interactions", "feedback")
 
+# Reads from an S3 lake are plain ranged GETs, without s3fs's read-ahead cache (its default: every read also
+# fetches the next 50 MB block and each open file keeps it). DuckDB and pyarrow already ask for whole column
+# chunks; the read-ahead blocks were Python buffers outside DuckDB's memory_limit, and the harvest of a window
+# from S3 peaked ~0.6 GiB above the same harvest from local disk (bench/harvest_scale.py, docs/benchmarks.md).
+REMOTE_READ_OPTIONS: dict[str, dict[str, Any]] = {"s3": {"default_cache_type": "none"},
+                                                  "s3a": {"default_cache_type": "none"}}
+
 
 @dataclass(frozen=True)
 class RunDir:
@@ -78,7 +85,8 @@ class Lake:
     root: str  # a local folder or an fsspec URL
 
     def __post_init__(self) -> None:
-        self.fs, self.base = fsspec.core.url_to_fs(self.root)
+        protocol, _ = fsspec.core.split_protocol(self.root)
+        self.fs, self.base = fsspec.core.url_to_fs(self.root, **REMOTE_READ_OPTIONS.get(protocol or "", {}))
         self.is_local = self.fs.protocol in ("file", "local") or "file" in (self.fs.protocol or ())
         if self.is_local:
             os.makedirs(self.base, exist_ok=True)
