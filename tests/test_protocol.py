@@ -57,14 +57,14 @@ def _cycle(k: int, rewards: dict[str, float], rate: float, verdicts: dict[str, b
                         user_features={"code_block": {u: rate for u in rewards}}, window=["a", "b"])
 
 
-def _summary(seed: int, diffs: list[float]) -> dict:
+def _summary(seed: int, diffs: list[float], commit: str | None = None) -> dict:
     proto = load_protocol(TINY)
     first = {f"u{i}": 0.0 for i in range(len(diffs))}
     last = {f"u{i}": d for i, d in enumerate(diffs)}
     curves = [_cycle(1, first, 0.3, {"eval": True, "monitors": True}), _cycle(2, last, 0.6, {})]
     curves[1].user_features = {"code_block": {u: 0.3 + 0.1 * (i % 3 + 1) for i, u in enumerate(last)}}
     judged = {"monitors": {"passed": True, "reasons": []}, "ab": {"decision": "promote"}}
-    return seed_summary(proto, TINY, seed, curves, judged, 12.0)
+    return seed_summary(proto, TINY, seed, curves, judged, 12.0, commit)
 
 
 def test_seed_summary_pairs_users_and_records_every_check(cfg):
@@ -74,6 +74,8 @@ def test_seed_summary_pairs_users_and_records_every_check(cfg):
     assert s["checks"] == {"ci_excludes_zero": True, "feature_rises": True, "eval_no_regression": True,
                            "every_dag_ok": True, "monitors_pass": True, "ab_promotes": True}
     assert len(s["protocol_sha256"]) == 64 and s["commit"]
+    # the commit a run started on, not the HEAD when it ended (the org-conventions-v7 summary read two commits on)
+    assert _summary(0, [0.1, 0.2], commit="0123abc")["commit"] == "0123abc"
     json.dumps(s)  # machine-readable as it is
 
 

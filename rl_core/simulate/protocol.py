@@ -128,8 +128,9 @@ def judge_last(cfg: Config, curves: list[CycleMetrics], ab_test: bool = True) ->
 
 
 def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetrics], judged: dict,
-                 minutes: float) -> dict:
-    """Everything the success rule reads, for one seed."""
+                 minutes: float, commit: str | None = None) -> dict:
+    """Everything the success rule reads, for one seed. commit: the code the run started on (read before it:
+    HEAD can move while a run of an hour goes on); None reads it now."""
     first, last = curves[0], curves[-1]
     live = len(curves) > 1  # a replay protocol has one live cycle: its test is judged["orgs"]
     pair = paired(first.user_reward, last.user_reward) if live else None
@@ -137,7 +138,7 @@ def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetri
     evals = {c.cycle: c.verdicts.get("eval") for c in curves if "eval" in c.verdicts}
     return {
         "protocol": proto.name, "protocol_file": str(path), "seed": seed, "minutes": round(minutes, 1),
-        "protocol_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "commit": _git_commit(),
+        "protocol_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "commit": commit or _git_commit(),
         "primary": _pair(pair), "feature": proto.feature, "feature_rate_paired": _pair(fpair),
         "user_diffs": {u: last.user_reward[u] - first.user_reward[u]
                        for u in sorted(set(first.user_reward) & set(last.user_reward))} if live else {},
@@ -190,7 +191,7 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
     """One seed's run in its own RTRL_HOME, as the protocol says; writes summary-seed<k>.json."""
     with environ(env_of(proto, seed) | {"RTRL_HOME": str(home)}):
         cfg = load_config()
-        t0 = time.time()
+        t0, commit = time.time(), _git_commit()
         dag_id = f"{cfg.airflow.dag_id}_orgs" if proto.dag == "orgs" else None
         if proto.measure == "replay":
             curves, judged = _replayed(cfg, proto, seed, out / f"seed-{seed}", dag_id)
@@ -200,7 +201,7 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
             judged = judge_last(cfg, curves, ab_test=proto.dag == "cycle")
         if proto.dag == "orgs" and proto.measure == "live":
             judged["orgs"] = org_summary(cfg, proto.feature, curves)
-        summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60)
+        summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60, commit)
     (out / f"summary-seed{seed}.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
 
