@@ -150,3 +150,23 @@ def test_a_replay_protocol_must_be_an_orgs_protocol_with_the_replay_test(cfg, tm
                 live.replace("[protocol]\n", '[protocol]\nguard = "code_block"\n')):
         with pytest.raises(ValueError, match="protocol.guard"):
             load_protocol(_write(tmp_path, bad))
+
+
+def test_a_seeds_test_is_logged_to_mlflow_where_operators_compare_runs(cfg):
+    """The summary's numbers and checks on an MLflow run of their own: what a person compares across protocols."""
+    from rl_core.registry import store
+    from rl_core.simulate.protocol import log_summary
+
+    s = _summary(3, [0.1, 0.2, 0.3, 0.2], commit="0123abc")
+    s["orgs"] = {"did": {"diff": 0.5, "ci_low": 0.4, "ci_high": 0.7, "n_a": 16},
+                 "guard": {"org-acme": {"feature": "writes_code", "mean_rate_change": -0.0625, "ci_low": None}}}
+    s["checks"]["guard_kept"] = False
+    run = store.client(cfg).get_run(log_summary(cfg, s))
+    m, tags = run.data.metrics, run.data.tags
+    assert m["protocol/primary/diff"] == pytest.approx(0.2) and m["protocol/did/ci_low"] == pytest.approx(0.4)
+    assert m["protocol/guard/org-acme/mean_rate_change"] == pytest.approx(-0.0625)
+    assert "protocol/guard/org-acme/ci_low" not in m  # no number, no metric
+    assert tags["kind"] == "protocol" and tags["commit"] == "0123abc" and tags["seed"] == "3"
+    assert tags["check.guard_kept"] == "false" and tags["check.ci_excludes_zero"] == "true"
+    assert tags["rule_met"] == "false"  # one failed check fails the rule
+    assert run.info.run_name == f"protocol-{s['protocol']}-seed3"

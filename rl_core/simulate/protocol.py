@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rl_core.ab.verdict import ab_verdict, apply_verdict
 from rl_core.config import REPO_ROOT, Config, load_config
-from rl_core.registry import card
+from rl_core.registry import card, store
 from rl_core.rewards.monitors import run_monitors
 from rl_core.runtime.procs import environ
 from rl_core.simulate import replay
@@ -202,8 +202,34 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
         if proto.dag == "orgs" and proto.measure == "live":
             judged["orgs"] = org_summary(cfg, proto.feature, curves)
         summary = seed_summary(proto, path, seed, curves, judged, (time.time() - t0) / 60, commit)
+        log_summary(cfg, summary)
     (out / f"summary-seed{seed}.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def log_summary(cfg: Config, summary: dict) -> str:
+    """The seed's test where operators compare runs: an MLflow run `protocol-<name>-seed<k>` in the `learning`
+    experiment, the test's numbers as metrics grouped `protocol/*` (the paired difference, the feature's; for org
+    protocols the DiD, each org's move and guard), each registered check as a tag `check.<name>` with `rule_met`,
+    and the summary JSON itself. Returns the run id."""
+    orgs = summary.get("orgs") or {}
+    groups = {"primary": summary.get("primary"), "feature": summary.get("feature_rate_paired"),
+              "did": orgs.get("did"), **{f"org/{o}": m for o, m in (orgs.get("org_moves") or {}).items()},
+              **{f"guard/{o}": g for o, g in (orgs.get("guard") or {}).items()}}
+    metrics = {f"protocol/{g}/{k}": float(v) for g, d in groups.items() if d for k, v in d.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    checks = summary["checks"]
+    c = store.client(cfg)
+    run = c.create_run(store.experiment_id(cfg, "learning"), run_name=f"protocol-{summary['protocol']}-seed{summary['seed']}",
+                       tags={"kind": "protocol", "protocol": summary["protocol"], "seed": str(summary["seed"]),
+                             "commit": summary["commit"], "protocol_sha256": summary["protocol_sha256"],
+                             "rule_met": str(all(checks.values())).lower(),
+                             **{f"check.{k}": str(v).lower() for k, v in checks.items()}})
+    for k, v in metrics.items():
+        c.log_metric(run.info.run_id, k, v)
+    c.log_dict(run.info.run_id, summary, f"summary-seed{summary['seed']}.json")
+    c.set_terminated(run.info.run_id)
+    return run.info.run_id
 
 
 def _replayed(cfg: Config, proto: Protocol, seed: int, out: Path, dag_id: str | None) -> tuple[list, dict]:
