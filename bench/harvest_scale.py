@@ -1,6 +1,6 @@
 """Benchmark: the harvest at production scale, on the production stack (`rtrl stack`, issue 23).
 
-    .venv/bin/python bench/harvest_scale.py [--n 10000000] [--dag-n 2000000] [--chunks 20] [--no-dag]
+    .venv/bin/python bench/harvest_scale.py [--n 10000000] [--dag-n 2000000] [--chunks 20] [--no-dag] [--limits 3GB,2.5GB]
 
 1. Generates a 5-hour window of --n interactions with their feedback (rl_core.testing.synth, in --chunks
    chunks; not timed) into an embedded (local) lake, and a second, earlier window of --dag-n interactions.
@@ -155,13 +155,17 @@ def run(args, tmp: Path) -> None:
             up(s)
             upload(local, s)
             say(f"Harvest of one 5-hour window of {args.n:,} interactions (policy v1, every turn an episode):", "",
-                "| lake | episodes | wall s | interactions/s | peak RSS GB |", "|---|---:|---:|---:|---:|")
-            for name, env, run_id in (("embedded (local disk)", {**base, "RTRL_HOME": str(tmp / "home"),
-                                                                   "RTRL_LAKE__ROOT": local}, "scale-local"),
-                                      ("S3 (stack's moto server; s3fs + DuckDB)", {**base, **s.env()}, "scale-s3")):
-                r = measure_harvest(env, run_id)
-                say(f"| {name} | {r['episodes']:,} | {r['wall_s']:.1f} | {args.n / r['wall_s']:,.0f} | "
-                    f"{r['rss_gb']:.2f} |")
+                "| lake | duckdb_memory_limit | episodes | wall s | interactions/s | peak RSS GiB |",
+                "|---|---|---:|---:|---:|---:|")
+            default = load_config().harvest.duckdb_memory_limit
+            for limit in args.limits.split(",") if args.limits else [default]:
+                for name, env, run_id in (("embedded (local disk)", {**base, "RTRL_HOME": str(tmp / "home"),
+                                                                       "RTRL_LAKE__ROOT": local}, "scale-local"),
+                                          ("S3 (stack's moto server; s3fs + DuckDB)", {**base, **s.env()}, "scale-s3")):
+                    r = measure_harvest({**env, "RTRL_HARVEST__DUCKDB_MEMORY_LIMIT": limit}, run_id)
+                    shown = f"{limit} (default)" if limit == default else limit
+                    say(f"| {name} | {shown} | {r['episodes']:,} | {r['wall_s']:.1f} | {args.n / r['wall_s']:,.0f} | "
+                        f"{r['rss_gb']:.2f} |")
             if args.no_dag:
                 return
             say("", f"The DAG's harvest group over {args.dag_n:,} interactions on the stack (two Celery workers, "
@@ -190,6 +194,8 @@ def main() -> None:
     ap.add_argument("--dag-n", type=int, default=2_000_000, help="interactions in the DAG runs' window")
     ap.add_argument("--chunks", type=int, default=20, help="generator chunks for the big window")
     ap.add_argument("--no-dag", action="store_true", help="the harvest table only (no DAG runs)")
+    ap.add_argument("--limits", default="", help="harvest.duckdb_memory_limit values to measure, comma-separated, "
+                                                  "each from both lakes (default: the config's; the DAG runs use it)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rtrl-scale-") as tmp:
         run(args, Path(tmp))
