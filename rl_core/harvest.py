@@ -143,19 +143,19 @@ class _FileCursor:
         self._stack.close()
 
 
-def _episode_batches(lake: Lake, joined: pa.RecordBatchReader, paths: dict[str, str]):
+def _episode_batches(lake: Lake, joined: pa.RecordBatchReader, files: list[str]):
     """Episodes in lake order: what sql/harvest.sql joined to each selected interaction (streamed from DuckDB,
-    ordered by filename, file_row_number) beside the lake columns of that interaction, read forward from its
+    ordered by file_no, file_row_number; files[file_no] is its path) beside the lake columns of that interaction, read forward from its
     file. Neither the join's result nor a file is ever in memory whole: a batch of each at a time."""
     cursor = None
     try:
         for batch in joined:
             if not batch.num_rows:
                 continue
-            names, tables = batch.column("filename"), []
-            bounds = [0] + pc.run_end_encode(names).run_ends.to_pylist()  # one run per file
+            numbers, tables = batch.column("file_no"), []
+            bounds = [0] + pc.run_end_encode(numbers).run_ends.to_pylist()  # one run per file
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-                path = paths[names[lo].as_py()]
+                path = files[numbers[lo].as_py()]
                 if cursor is None or cursor.name != path:
                     if cursor is not None:
                         cursor.close()
@@ -163,7 +163,7 @@ def _episode_batches(lake: Lake, joined: pa.RecordBatchReader, paths: dict[str, 
                 tables.append(cursor.take(batch.column("file_row_number").slice(lo, hi - lo).to_numpy()))
             table = pa.concat_tables(tables).combine_chunks()  # one row group per batch in the episodes file
             for c in batch.schema.names:
-                if c not in ("filename", "file_row_number"):
+                if c not in ("file_no", "file_row_number"):
                     table = table.append_column(c, batch.column(c))
             yield from table.to_batches()
     finally:
@@ -208,6 +208,8 @@ def _select(cfg: Config, lake: Lake, ifiles: list[str], ffiles: list[str], count
     con = connect(lake, memory_limit=hc.duckdb_memory_limit)
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA, located=True)
+        con.register("lake_files", pa.table({"filename": file_urls(lake, ifiles),
+                                             "file_no": pa.array(range(len(ifiles)), pa.int32())}))
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
         excluded = excluded_table(cfg, lake)
         con.register("excluded", excluded)
@@ -244,14 +246,14 @@ def harvest(cfg: Config, start: datetime, end: datetime, policy_version: int, ru
     lake = Lake(cfg.lake_root)
     run = lake.run(run_id)  # validates run_id before anything is read or written
     grace_end = end + timedelta(hours=hc.grace_hours)
-    ifiles = lake.list_window("interactions", lo, hi)
+    ifiles = sorted(lake.list_window("interactions", lo, hi))  # lake order: sql/harvest.sql's file_no is the index
     ffiles = lake.list_window("feedback", start, grace_end)
     counts = {"start": lo, "end": hi, "org_id": org_id, "policy_version": policy_version,
               "max_staleness": hc.max_staleness, "run_id": run_id}
     out = run.episodes if part is None else run.part(lo)
     with _select(cfg, lake, ifiles, ffiles, counts, grace_end, lineage) as (
             joined, (n_window, n_excluded, n_consumed), consumed_by, n_rules):
-        batches = _episode_batches(lake, joined, dict(zip(file_urls(lake, ifiles), ifiles, strict=True)))
+        batches = _episode_batches(lake, joined, ifiles)
         path, n_rows, n_fb = write_stream(lake, out, batches, EPISODES_SCHEMA)
     result = HarvestResult(
         run_id=run_id, path=path, start=lo.isoformat(), end=hi.isoformat(), policy_version=policy_version,

@@ -1,8 +1,9 @@
 -- One cycle's episodes: interactions in [start, end) served by a version within max_staleness of the
 -- policy being updated, joined with every feedback event that arrived before end + grace.
 -- Views `interactions` and `feedback` are the window's Parquet files (rl_core/harvest.py binds them;
--- `interactions` carries DuckDB's `filename` and `file_row_number`).
--- Narrow on purpose: this returns each episode's place in the lake (file, row) and what the join adds
+-- `interactions` carries DuckDB's `filename` and `file_row_number`); view `lake_files` (filename, file_no)
+-- numbers the window's interaction files in lake order (sorted by name).
+-- Narrow on purpose: this returns each episode's place in the lake (file_no, row) and what the join adds
 -- (version lag, feedback, credit), in lake order. rl_core/harvest.py then streams the wide columns (token
 -- ids, logprobs, messages) file by file straight from Parquet beside it: sorting a million wide rows
 -- cost more than the whole rest of the harvest. Lake order is deterministic (sorted files, rows sorted by
@@ -18,9 +19,12 @@
 -- Ledger: view `consumed` (event_id, run_id, ...) holds the episodes the policy's lineage already trained on
 -- (rl_core/ledger.py); they never become episodes again, except in the run that consumed them ($run_id: a
 -- rerun of that run harvests the same episodes). Empty when the caller passes no lineage.
+-- A file's number, not its name, travels through the join and the sort: at 10M interactions the names alone
+-- (~100 bytes a row) took ~1 GB of DuckDB's memory limit (docs/benchmarks.md).
 WITH win AS (
-    SELECT *
+    SELECT i.*, lf.file_no
     FROM interactions i
+    JOIN lake_files lf ON lf.filename = i.filename
     WHERE ts_request >= $start AND ts_request < $end
       AND $policy_version - model_version BETWEEN 0 AND $max_staleness
       AND ($org_id IS NULL OR i.org_id = $org_id)
@@ -91,7 +95,7 @@ sessions AS (
     WINDOW s AS (PARTITION BY org_id, session_id)
 )
 SELECT
-    filename, file_row_number,
+    file_no, file_row_number,
     ($policy_version - model_version)::INTEGER AS version_lag,
     t_n_feedback AS n_feedback, t_edit_applied AS edit_applied, t_edit_persisted AS edit_persisted,
     t_edit_persisted_hours AS edit_persisted_hours, t_edit_reverted AS edit_reverted,
@@ -102,11 +106,11 @@ FROM turns
 WHERE $granularity = 'turn'
 UNION ALL
 SELECT
-    filename, file_row_number,
+    file_no, file_row_number,
     ($policy_version - model_version)::INTEGER AS version_lag,
     s_n_feedback::INTEGER, s_edit_applied, s_edit_persisted, s_edit_persisted_hours, s_edit_reverted,
     s_followup_text, s_tool_result_ok::INTEGER, s_tool_result_fail::INTEGER, s_thumbs_up::INTEGER,
     s_thumbs_down::INTEGER, s_session_end,
     pow($discount, s_last_turn - turn_index)::DOUBLE AS credit_weight
 FROM sessions
-ORDER BY filename, file_row_number
+ORDER BY file_no, file_row_number
