@@ -43,6 +43,12 @@ def connect(lake: Lake, threads: int | None = None, memory_limit: str | None = N
     # out (pyarrow writes min/max without NaN), so NaN rows would read as clean. Measured; keep this off,
     # and never filter on isnan() in a WHERE clause (row-group pruning has the same blind spot).
     con.execute("SET disabled_optimizers = 'statistics_propagation'")
+    if not lake.is_local:
+        # One thread on a remote lake: DuckDB reads a Python (fsspec) file as seek() then read(), each call under
+        # the GIL on its own, and its threads share a file's handle, so two threads reading one file can read
+        # each other's bytes (seen: "ZSTD Decompression failure" from S3, and pyarrow's S3 behind fsspec failing
+        # with "Invalid data"). Sharing one handle is only safe one thread at a time.
+        threads = 1
     if threads:
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit:
