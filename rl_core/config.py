@@ -108,8 +108,8 @@ class HarvestConfig(Section):
     session_discount: float = Field(0.9, gt=0, le=1.0)  # credit of a session outcome per turn back
     opt_out_orgs: list[str] = []  # organisations whose traffic is never trained on (data rights)
     # DuckDB's memory for harvest, rewards and the gates; beyond it sorts and joins spill to disk. At 10M
-    # interactions the harvest's process peaked at 3.45-3.84 GiB from a local lake and 4.00 GiB from S3 (without
-    # s3fs read-ahead); at 2.5GB the harvest's sort ran out of memory on 2026-12-06 (docs/benchmarks.md)
+    # interactions the harvest's process peaked at 3.33 GiB from a local lake and 3.23 GiB from S3; at 2.5GB its
+    # sort ran out of memory once, before it sorted file numbers instead of file names (docs/benchmarks.md)
     duckdb_memory_limit: str = Field("3GB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
     map_hours: int = Field(0, ge=0)  # harvest in parts of this many hours, a mapped DAG task each (0: one task)
 
