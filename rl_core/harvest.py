@@ -145,8 +145,8 @@ class _FileCursor:
 
 def _episode_batches(lake: Lake, joined: pa.RecordBatchReader, files: list[str]):
     """Episodes in lake order: what sql/harvest.sql joined to each selected interaction (streamed from DuckDB,
-    ordered by file_no, file_row_number; files[file_no] is its path) beside the lake columns of that interaction, read forward from its
-    file. Neither the join's result nor a file is ever in memory whole: a batch of each at a time."""
+    ordered by file_no, file_row_number; files[file_no] is its path) beside the lake columns of that interaction,
+    read forward from its file. Neither the join's result nor a file is ever in memory whole: a batch of each at a time."""
     cursor = None
     try:
         for batch in joined:

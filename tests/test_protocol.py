@@ -168,5 +168,5 @@ def test_a_seeds_test_is_logged_to_mlflow_where_operators_compare_runs(cfg):
     assert "protocol/guard/org-acme/ci_low" not in m  # no number, no metric
     assert tags["kind"] == "protocol" and tags["commit"] == "0123abc" and tags["seed"] == "3"
     assert tags["check.guard_kept"] == "false" and tags["check.ci_excludes_zero"] == "true"
-    assert tags["rule_met"] == "false"  # one failed check fails the rule
+    assert tags["all_checks_pass"] == "false"  # one failed check fails the seed
     assert run.info.run_name == f"protocol-{s['protocol']}-seed3"

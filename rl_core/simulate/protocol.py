@@ -210,8 +210,9 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
 def log_summary(cfg: Config, summary: dict) -> str:
     """The seed's test where operators compare runs: an MLflow run `protocol-<name>-seed<k>` in the `learning`
     experiment, the test's numbers as metrics grouped `protocol/*` (the paired difference, the feature's; for org
-    protocols the DiD, each org's move and guard), each registered check as a tag `check.<name>` with `rule_met`,
-    and the summary JSON itself. Returns the run id."""
+    protocols the DiD, each org's move and guard), each registered check as a tag `check.<name>` with
+    `all_checks_pass` (the seed's; a rule over several seeds also needs pooled.json), and the summary JSON itself.
+    Returns the run id."""
     orgs = summary.get("orgs") or {}
     groups = {"primary": summary.get("primary"), "feature": summary.get("feature_rate_paired"),
               "did": orgs.get("did"), **{f"org/{o}": m for o, m in (orgs.get("org_moves") or {}).items()},
@@ -220,10 +221,11 @@ def log_summary(cfg: Config, summary: dict) -> str:
                if isinstance(v, int | float) and not isinstance(v, bool)}
     checks = summary["checks"]
     c = store.client(cfg)
-    run = c.create_run(store.experiment_id(cfg, "learning"), run_name=f"protocol-{summary['protocol']}-seed{summary['seed']}",
+    name = f"protocol-{summary['protocol']}-seed{summary['seed']}"
+    run = c.create_run(store.experiment_id(cfg, "learning"), run_name=name,
                        tags={"kind": "protocol", "protocol": summary["protocol"], "seed": str(summary["seed"]),
                              "commit": summary["commit"], "protocol_sha256": summary["protocol_sha256"],
-                             "rule_met": str(all(checks.values())).lower(),
+                             "all_checks_pass": str(all(checks.values())).lower(),
                              **{f"check.{k}": str(v).lower() for k, v in checks.items()}})
     for k, v in metrics.items():
         c.log_metric(run.info.run_id, k, v)
