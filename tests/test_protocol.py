@@ -102,6 +102,22 @@ def test_table_and_plot_show_every_seed(cfg, tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_replay_plot_adds_each_org_adapters_change(tmp_path):
+    """A replay protocol's feature panels can show only v1; the plot adds a panel of each org adapter's change
+    against v1 (convention, guard, shape) from the summary alone: a seventh panel, so a third row."""
+    import struct
+
+    s = json.loads((Path(__file__).parents[1] / "docs/results/org-conventions-v7-seed16.json").read_text())
+    feats = ["summary_first", "code_block", "prose_after_code", "python_fence", "short_answer"]
+
+    def height(summary: dict, name: str) -> int:
+        png = plot([summary], feats, tmp_path / name, guard_tolerance=0.05).read_bytes()
+        return struct.unpack(">II", png[16:24])[1]  # the PNG's IHDR: width, height
+
+    without = {**s, "orgs": {**s["orgs"], "shape": {}}}
+    assert height(s, "replay.png") > height(without, "no-shape.png") * 1.3
+
+
 @pytest.mark.slow
 @pytest.mark.very_slow  # one DAG run and two traffic windows: minutes; `make test-all`
 @pytest.mark.timeout(1800)

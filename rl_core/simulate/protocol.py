@@ -38,6 +38,7 @@ from rl_core.simulate import replay
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, run_experiment, t_interval
 from rl_core.simulate.features import FEATURES
 from rl_core.simulate.org_protocol import org_summary, replay_summary
+from rl_core.simulate.protocol_plot import plot
 
 
 class Protocol(BaseModel):
@@ -271,54 +272,6 @@ def run_protocol(path: Path, seeds: list[int] | None, home: Path | None, out: Pa
     return done
 
 
-def plot(summaries: list[dict], features: list[str], path: Path) -> Path:
-    """Learning curves of a protocol: mean reward per cycle (95% CI over users) and each preferred feature's
-    rate per cycle (95% Wilson CI), one line per seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: files only
-    import matplotlib.pyplot as plt
-
-    n = 1 + len(features)
-    fig, grid = plt.subplots((n + 2) // 3, min(n, 3), figsize=(5 * min(n, 3), 4 * ((n + 2) // 3)), squeeze=False)
-    axes = list(grid.flat)
-    for ax in axes[n:]:
-        ax.axis("off")
-    for s in summaries:
-        cyc = [c["cycle"] for c in s["cycles"]]
-        ys = [c["mean_reward"] for c in s["cycles"]]
-        err = [[y - c["reward_ci"][0], c["reward_ci"][1] - y] if c["reward_ci"] else [0, 0]
-               for y, c in zip(ys, s["cycles"], strict=True)]
-        axes[0].errorbar(cyc, ys, yerr=list(zip(*err, strict=True)), marker="o", capsize=3, label=f"seed {s['seed']}")
-        for ax, name in zip(axes[1:n], features, strict=True):
-            r = [c["feature_rates"][name] for c in s["cycles"]]
-            ax.errorbar(cyc, [x["rate"] for x in r], capsize=3, marker="o", label=f"seed {s['seed']}, all",
-                        yerr=[[x["rate"] - x["ci_low"] for x in r], [x["ci_high"] - x["rate"] for x in r]])
-            by_org = (s.get("orgs") or {}).get("org_rates_by_cycle", {}) if name == features[0] else {}
-            for org, ys in by_org.items():  # orgs: each org's line, on the protocol's feature (what it measures)
-                ax.plot(list(range(1, len(ys) + 1)), [y if y is not None else float("nan") for y in ys], marker="s", linestyle="--",
-                        label=f"seed {s['seed']}, {org}")
-    orgs = any(s.get("orgs") for s in summaries)
-    replayed = any(s.get("replay") for s in summaries)  # org lines: x=1 v1, x=2 the org's adapter, same requests
-    axes[0].set_title("mean reward (95% CI over users)")
-    for ax, name in zip(axes[1:n], features, strict=True):
-        mark = (" - each org's convention" if orgs else " - preferred") if name == features[0] else ""
-        ax.set_title(f"{name} rate (95% CI){mark}")
-        ax.set_ylim(0, 1)
-    ticks = sorted({c["cycle"] for s in summaries for c in s["cycles"]} | ({1, 2} if replayed else set()))
-    for ax in axes[:n]:
-        ax.set_xticks(ticks, ["v1", "org adapter (replay)"] if replayed else [str(t) for t in ticks])
-        ax.set_xlabel("cycle 1's requests, replayed" if replayed else "cycle (1 = base v1)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(summaries[0]["protocol"] if summaries else "")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def markdown(summaries: list[dict], pool: dict | None) -> str:
     """One row per seed (the registered test and every check), then the pooled line."""
     f = "{:+.3f}".format
@@ -378,7 +331,7 @@ def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | Non
     # the preferred feature, then every other feature the base shows in 15-85% of answers (side effects)
     base = summaries[0]["cycles"][0]["feature_rates"] if summaries else {}
     features = [proto.feature] + [f for f, r in base.items() if f != proto.feature and 0.15 <= r["rate"] <= 0.85]
-    png = plot(summaries, features, out / "learning_curves.png")
+    png = plot(summaries, features, out / "learning_curves.png", proto.guard_tolerance)
     md = markdown(summaries, pool)
     (out / "results.md").write_text(md)
     print(md + f"\nsummaries and plot: {out} ({png.name})")
