@@ -17,8 +17,8 @@ def plot(summaries: list[dict], features: list[str], path: Path, guard_tolerance
     matplotlib.use("Agg")  # headless: files only
     import matplotlib.pyplot as plt
 
-    changes = any((s.get("orgs") or {}).get("shape") for s in summaries if s.get("replay"))
     shaped = {f for s in summaries if s.get("replay") for f in (s.get("orgs") or {}).get("shape", {})}
+    changes = bool(shaped)  # a replay protocol's summaries carry each org's change in the answer's shape
     m = 1 + len(features)  # the reward's panel and one per feature
     n = m + changes
     fig, grid = plt.subplots((n + 2) // 3, min(n, 3), figsize=(5 * min(n, 3), 4 * ((n + 2) // 3)), squeeze=False)
