@@ -11,7 +11,7 @@ from test_orgs_serving import make_adapter
 from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, register_adapter_folder
 from rl_core.registry import store
 from rl_core.simulate.org_protocol import replay_summary
-from rl_core.simulate.replay import Answer, logged_requests, replay, sample_batched, sample_seed
+from rl_core.simulate.replay import Answer, Request, logged_requests, replay, sample_batched, sample_seed
 
 
 def _answer(user: str, org: str, eid: str, arm: str, j: int, hit: bool, adapter: str | None = None) -> Answer:
@@ -160,6 +160,10 @@ def test_logged_requests_replay_to_the_base_and_to_the_orgs_adapter(registered, 
     assert any(text["org-acme", "base", j] != text["org-acme", "adapter", j] for j in range(3))
     assert len({text["org-globex", "base", j] for j in range(3)}) > 1  # the samples are samples, not one answer
     assert replay_summary(cfg, "prose_after_code", batched, [])["org_moves"]["org-globex"]["mean_rate_change"] == 0
+    # an org's requests are batched shortest prompt first (a batch pads little): a long one logged first comes last
+    long = Request("e-long", "org-globex-u1", "org-globex", [{"role": "user", "content": "explain this " * 60}], None)
+    ordered = sample_batched(cfg, [long, reqs[1]], 1, 1, seed=0, batch=1)
+    assert [a.event_id for a in ordered if a.arm == "base"] == [reqs[1].event_id, "e-long"]
 
     # an adapter its gates refused (no live alias) is still measured, so the run reports what the update learned;
     # the gateway serves that org nothing but the base, which the served check reports
