@@ -79,6 +79,18 @@ def test_seed_summary_pairs_users_and_records_every_check(cfg):
     json.dumps(s)  # machine-readable as it is
 
 
+def test_a_time_limit_is_a_check_of_each_seed(cfg):
+    from rl_core.simulate.protocol import Protocol
+
+    proto = load_protocol(TINY)
+    timed = Protocol(**{**proto.model_dump(), "max_minutes": 60.0})
+    curves = [_cycle(1, {"u0": 0.0, "u1": 0.0}, 0.3, {"eval": True}), _cycle(2, {"u0": 0.5, "u1": 0.4}, 0.6, {})]
+    judged = {"monitors": {"passed": True, "reasons": []}, "ab": {"decision": "promote"}}
+    assert seed_summary(timed, TINY, 0, curves, judged, 59.9, "c")["checks"]["within_minutes"] is True
+    assert seed_summary(timed, TINY, 0, curves, judged, 62.5, "c")["checks"]["within_minutes"] is False
+    assert "within_minutes" not in seed_summary(proto, TINY, 0, curves, judged, 62.5, "c")["checks"]
+
+
 def test_pooled_rule_needs_enough_seeds_and_a_pooled_interval_above_zero(cfg):
     proto = load_protocol(TINY)
     good = _summary(0, [0.1, 0.2, 0.3, 0.2])
@@ -186,3 +198,37 @@ def test_a_seeds_test_is_logged_to_mlflow_where_operators_compare_runs(cfg):
     assert tags["check.guard_kept"] == "false" and tags["check.ci_excludes_zero"] == "true"
     assert tags["all_checks_pass"] == "false"  # one failed check fails the seed
     assert run.info.run_name == f"protocol-{s['protocol']}-seed3"
+
+
+def _org_seed(seed: int, acme: list[float], globex: list[float], **checks: bool) -> dict:
+    """An orgs-protocol seed summary as the replay test writes it (per-user rate changes, each org's move)."""
+    from rl_core.simulate.org_protocol import welch
+
+    users = {f"org-acme-u{i}": d for i, d in enumerate(acme)} | {f"org-globex-u{i}": d for i, d in enumerate(globex)}
+    did = welch(acme, globex)
+    return {"seed": seed, "checks": {"did_excludes_zero": did["ci_low"] > 0, "each_org_moves_toward_its_convention":
+                                     sum(acme) > 0 > sum(globex), "guard_kept": True, "adapters_isolated": True,
+                                     **checks},
+            "orgs": {"did": did, "user_rate_diffs": users,
+                     "org_moves": {"org-acme": {"want": True, "mean_rate_change": sum(acme) / len(acme)},
+                                   "org-globex": {"want": False, "mean_rate_change": sum(globex) / len(globex)}}}}
+
+
+def test_the_pooled_org_rule_pools_every_seeds_users_and_needs_every_other_check():
+    from rl_core.simulate.org_protocol import pooled_orgs
+
+    # two seeds: neither excludes zero alone (4 users an org), together they do (8 an org); ids repeat across seeds
+    a = _org_seed(1, [0.25, 0.5, 0.0, 0.25], [0.0, -0.25, 0.25, -0.25])
+    b = _org_seed(2, [0.5, -0.25, 0.5, 0.25], [-0.25, 0.25, 0.0, -0.5])
+    assert not a["checks"]["did_excludes_zero"] and not b["checks"]["did_excludes_zero"]
+    p = pooled_orgs([a, b], "p", [1, 2], 0)
+    assert p["n_users"] == 16 and p["diff"] == pytest.approx(0.25 - (-0.09375))
+    assert p["ci_low"] > 0 and p["each_org_moves_toward_its_convention"] and p["success"]
+    assert not pooled_orgs([a, b], "p", [1, 2], 1)["success"]  # the registered number of seeds must exclude zero
+    assert not pooled_orgs([a], "p", [1, 2], 0)["success"]  # a registered seed missing
+    leak = _org_seed(2, [0.5, -0.25, 0.5, 0.25], [-0.25, 0.25, 0.0, -0.5], adapters_isolated=False)
+    assert not pooled_orgs([a, leak], "p", [1, 2], 0)["success"]  # one seed's failed check fails the rule
+    wrong_way = _org_seed(2, [0.5, 0.5, 0.75, 0.5], [0.25, 0.5, 0.25, 0.25])  # globex's adapter moved toward acme's
+    assert not pooled_orgs([a, wrong_way], "p", [1, 2], 0)["each_org_moves_toward_its_convention"]
+    md = markdown([], p)
+    assert "pooled DiD over 16 users of seeds [1, 2]" in md and "success: True" in md

@@ -152,6 +152,39 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     }
 
 
+def pooled_orgs(summaries: list[dict], name: str, seeds: list[int], min_seeds_excluding_zero: int) -> dict:
+    """The org test over several seeds: every seed's users together. Each user's change is the one its seed
+    measured (its own adapters, its own v1 answers); the DiD is Welch over the users of the wanting org against
+    those of the rejecting org, all seeds pooled, so the spread between seeds' adapters is in the groups'
+    variances. Success: every registered seed present; the pooled CI above zero; at least
+    min_seeds_excluding_zero seeds' own CIs above zero; each org's pooled move toward its convention (which
+    replaces the per-seed check: one seed's move can sit at zero); and every other check in every seed."""
+    diffs: dict[str, list[float]] = {}
+    wants: dict[str, bool] = {}
+    for s in summaries:
+        orgs = sorted(s["orgs"]["org_moves"])
+        for o in orgs:
+            wants[o] = s["orgs"]["org_moves"][o]["want"]
+        for u, d in s["orgs"]["user_rate_diffs"].items():
+            diffs.setdefault(_org_of(u, orgs) or "?", []).append(d)
+    did = welch([x for o, w in wants.items() if w for x in diffs.get(o, [])],
+                [x for o, w in wants.items() if not w for x in diffs.get(o, [])])
+    moves = {o: {"want": w, "users": len(diffs.get(o, [])), **_interval(diffs.get(o, []))} for o, w in wants.items()}
+    per_seed = ("did_excludes_zero", "each_org_moves_toward_its_convention")
+    seeds_ok = sum(bool(s["checks"].get("did_excludes_zero")) for s in summaries)
+    toward = all(m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
+                 for m in moves.values())
+    others = all(v for s in summaries for k, v in s["checks"].items() if k not in per_seed)
+    return {"protocol": name, "kind": "did", "seeds": [s["seed"] for s in summaries],
+            "n_users": (did["n_a"] + did["n_b"]) if did else 0, "diff": did["diff"] if did else None,
+            "se": did["se"] if did else None, "ci_low": did["ci_low"] if did else None,
+            "ci_high": did["ci_high"] if did else None, "did": did, "org_moves": moves,
+            "seeds_excluding_zero": seeds_ok, "each_org_moves_toward_its_convention": toward,
+            "every_other_check_in_every_seed": others,
+            "success": bool(sorted(s["seed"] for s in summaries) == sorted(seeds) and did and did["ci_low"] > 0
+                            and seeds_ok >= min_seeds_excluding_zero and toward and others)}
+
+
 def _org_changes(answers: list[Answer], feature: str, owner: dict[str, tuple[str, str]],
                  orgs: list[str]) -> dict[str, dict]:
     """org -> the mean per-user change in feature (adapter arm - base arm) with its t 95% interval."""

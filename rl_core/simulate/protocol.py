@@ -9,7 +9,7 @@ the feature rates per cycle, every gate's verdict, the A/B decision) that docs/r
 
 The test, per seed: users are seeded, so each user's mean reward under v1 (cycle 1) is paired with the same
 user's under the last policy (last cycle); a paired t interval. Pooled: the seeds' per-user differences
-together (different users per seed). The final cycle only serves and is measured (`measure_last`): the
+together (different users per seed); for org protocols the DiD over every seed's users (org_protocol.pooled_orgs). The final cycle only serves and is measured (`measure_last`): the
 monitors then judge it (production code, judging only), and `rtrl ab` compares v1's logged traffic with the
 last policy's over the whole experiment.
 """
@@ -37,7 +37,7 @@ from rl_core.runtime.procs import environ
 from rl_core.simulate import replay
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired, preferred_features, run_experiment, t_interval
 from rl_core.simulate.features import FEATURES
-from rl_core.simulate.org_protocol import org_summary, replay_summary
+from rl_core.simulate.org_protocol import org_summary, pooled_orgs, replay_summary
 from rl_core.simulate.protocol_plot import plot
 
 
@@ -66,7 +66,8 @@ class Protocol(BaseModel):
     guard: str | None = None  # replay: a feature no adapter may lose (each org's mean change above -guard_tolerance)
     guard_tolerance: float = Field(0.05, gt=0, le=1)
     success: str  # the rule, in words, as registered
-    min_seeds_excluding_zero: int = Field(2, ge=1)
+    max_minutes: float | None = None  # each seed's run must end within this (a check: within_minutes)
+    min_seeds_excluding_zero: int = Field(2, ge=0)  # orgs: see org_protocol.pooled_orgs
     config: dict[str, dict] = {}  # rtrl.toml sections -> keys: applied to every run as RTRL_<S>__<K>
 
 
@@ -149,7 +150,7 @@ def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetri
                     "feature_rates": c.feature_rates, "reward_ci": _mean_ci(list(c.user_reward.values()))}
                    for c in curves],
         **judged,
-        "checks": {
+        "checks": ({
             "ci_excludes_zero": bool(pair and pair.ci_low > 0),
             "feature_rises": bool(fpair and fpair.ci_low > 0),
             "eval_no_regression": bool(evals) and all(evals.values()),
@@ -157,7 +158,8 @@ def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetri
             "monitors_pass": judged["monitors"]["passed"],
             "ab_promotes": judged["ab"]["decision"] == "promote",
         } if proto.dag == "cycle" else {"every_dag_ok": all(c.dag_rc == 0 for c in curves),
-                                         **judged["orgs"]["checks"]},
+                                         **judged["orgs"]["checks"]})
+        | ({"within_minutes": minutes <= proto.max_minutes} if proto.max_minutes else {}),
     }
 
 
@@ -186,6 +188,14 @@ def pooled(summaries: list[dict], proto: Protocol) -> dict:
                           and out["ci_low"] > 0
                           and all(s["checks"][k] for s in summaries for k in s["checks"] if k != "ci_excludes_zero"))
     return out
+
+
+def _pool(summaries: list[dict], proto: Protocol) -> dict | None:
+    """The rule over the seeds found: the paired test (cycle) or the pooled DiD (orgs); None with no users."""
+    if proto.dag == "orgs":
+        users = sum(len(s["orgs"]["user_rate_diffs"]) for s in summaries if s.get("orgs"))
+        return pooled_orgs(summaries, proto.name, proto.seeds, proto.min_seeds_excluding_zero) if users > 3 else None
+    return pooled(summaries, proto) if sum(len(s["user_diffs"]) for s in summaries) > 1 else None
 
 
 def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> dict:
@@ -290,7 +300,13 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
             + (f"[{f(p['ci_low'])}, {f(p['ci_high'])}]" if p else "n/a")
             + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {_eval(s)} | "
             f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
-    if pool:
+    if pool and pool.get("kind") == "did":
+        moves = ", ".join(f"{o} {'+' if m['want'] else '-'}: {f(m['mean_rate_change'])}" for o, m in pool["org_moves"].items())
+        lines += ["", f"pooled DiD over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
+                      f"(SE {pool['se']:.3f}, Welch 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); {moves}; "
+                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero; every other check in every seed: "
+                      f"{pool['every_other_check_in_every_seed']}; success: {pool['success']}"]
+    elif pool:
         lines += ["", f"pooled over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
                       f"(SE {pool['se']:.3f}, 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); "
                       f"{pool['seeds_excluding_zero']} seed(s) exclude zero; success: {pool['success']}"]
@@ -324,8 +340,7 @@ def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | Non
         run_protocol(path, seeds, home, out)
     summaries = [json.loads((out / f"summary-seed{k}.json").read_text()) for k in proto.seeds
                  if (out / f"summary-seed{k}.json").exists()]
-    pool = (pooled(summaries, proto) if proto.dag == "cycle" and sum(len(s["user_diffs"]) for s in summaries) > 1
-            else None)
+    pool = _pool(summaries, proto)
     if pool:
         (out / "pooled.json").write_text(json.dumps(pool, indent=1))
     # the preferred feature, then every other feature the base shows in 15-85% of answers (side effects)
