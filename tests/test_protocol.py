@@ -232,3 +232,21 @@ def test_the_pooled_org_rule_pools_every_seeds_users_and_needs_every_other_check
     assert not pooled_orgs([a, wrong_way], "p", [1, 2], 0)["each_org_moves_toward_its_convention"]
     md = markdown([], p)
     assert "pooled DiD over 16 users of seeds [1, 2]" in md and "success: True" in md
+
+
+def test_the_pooled_rule_is_one_mlflow_run_that_a_rerun_updates(cfg):
+    from rl_core.registry import store
+    from rl_core.simulate.org_protocol import pooled_orgs
+    from rl_core.simulate.protocol import log_pooled
+
+    a = _org_seed(1, [0.25, 0.5, 0.0, 0.25], [0.0, -0.25, 0.25, -0.25])
+    first = log_pooled(cfg, pooled_orgs([a], "p", [1, 2], 0))  # one seed in: not a success yet
+    c = store.client(cfg)
+    assert c.get_run(first).data.tags["success"] == "false" and c.get_run(first).data.tags["seeds"] == "1"
+    b = _org_seed(2, [0.5, -0.25, 0.5, 0.25], [-0.25, 0.25, 0.0, -0.5])
+    pool = pooled_orgs([a, b], "p", [1, 2], 0)
+    assert log_pooled(cfg, pool) == first  # the same run, updated
+    run = c.get_run(first)
+    assert run.info.run_name == "protocol-p-pooled" and run.data.tags["success"] == "true"
+    assert run.data.tags["seeds"] == "1,2" and run.data.metrics["protocol/pooled/ci_low"] == pytest.approx(pool["ci_low"])
+    assert run.data.metrics["protocol/pooled/n_users"] == 16

@@ -245,6 +245,26 @@ def log_summary(cfg: Config, summary: dict) -> str:
     return run.info.run_id
 
 
+def log_pooled(cfg: Config, pool: dict) -> str:
+    """The rule over the seeds where operators look: one MLflow run `protocol-<name>-pooled` in the `learning`
+    experiment (the invoking RTRL_HOME's; each seed's own run is in its seed's home), the pooled numbers as metrics
+    `protocol/pooled/*`, `success` and the seeds as tags, pooled.json itself. A rerun (`--report`) updates the
+    same run rather than adding one. Returns the run id."""
+    c, name = store.client(cfg), f"protocol-{pool['protocol']}-pooled"
+    exp = store.experiment_id(cfg, "learning")
+    old = c.search_runs([exp], f"tags.protocol_pooled = '{pool['protocol']}'", max_results=1)
+    run_id = old[0].info.run_id if old else c.create_run(exp, run_name=name, tags={
+        "kind": "protocol", "protocol_pooled": pool["protocol"], "protocol": pool["protocol"]}).info.run_id
+    for k, v in {"success": str(pool["success"]).lower(), "seeds": ",".join(map(str, pool["seeds"]))}.items():
+        c.set_tag(run_id, k, v)
+    for k in ("diff", "se", "ci_low", "ci_high", "n_users", "seeds_excluding_zero"):
+        if isinstance(pool.get(k), int | float):
+            c.log_metric(run_id, f"protocol/pooled/{k}", float(pool[k]))
+    c.log_dict(run_id, pool, "pooled.json")
+    c.set_terminated(run_id)
+    return run_id
+
+
 def _replayed(cfg: Config, proto: Protocol, seed: int, out: Path, dag_id: str | None) -> tuple[list, dict]:
     """Cycle 1 live (the org DAG trains the adapters on it), then its requests replayed to v1 and to each org's
     adapter; the monitors are the ones the org path already ran on each adapter (rl_core/pipeline.py)."""
@@ -343,6 +363,7 @@ def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | Non
     pool = _pool(summaries, proto)
     if pool:
         (out / "pooled.json").write_text(json.dumps(pool, indent=1))
+        log_pooled(load_config(), pool)
     # the preferred feature, then every other feature the base shows in 15-85% of answers (side effects)
     base = summaries[0]["cycles"][0]["feature_rates"] if summaries else {}
     features = [proto.feature] + [f for f, r in base.items() if f != proto.feature and 0.15 <= r["rate"] <= 0.85]
