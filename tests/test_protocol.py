@@ -232,6 +232,10 @@ def test_the_pooled_org_rule_pools_every_seeds_users_and_needs_every_other_check
     assert not pooled_orgs([a, wrong_way], "p", [1, 2], 0)["each_org_moves_toward_its_convention"]
     md = markdown([], p)
     assert "pooled DiD over 16 users of seeds [1, 2]" in md and "success: True" in md
+    lone = _org_seed(1, [0.25, 0.5, 0.0, 0.25], [0.0, -0.25, 0.25, -0.25])
+    lone["orgs"]["user_rate_diffs"] = {k: v for k, v in lone["orgs"]["user_rate_diffs"].items() if "acme" in k}
+    empty = pooled_orgs([lone], "p", [1], 0)  # one org has no users: no interval, no success, still reported
+    assert empty["did"] is None and not empty["success"] and "n/a" in markdown([], empty)
 
 
 def test_the_pooled_rule_is_one_mlflow_run_that_a_rerun_updates(cfg):

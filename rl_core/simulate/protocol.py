@@ -9,9 +9,9 @@ the feature rates per cycle, every gate's verdict, the A/B decision) that docs/r
 
 The test, per seed: users are seeded, so each user's mean reward under v1 (cycle 1) is paired with the same
 user's under the last policy (last cycle); a paired t interval. Pooled: the seeds' per-user differences
-together (different users per seed); for org protocols the DiD over every seed's users (org_protocol.pooled_orgs). The final cycle only serves and is measured (`measure_last`): the
-monitors then judge it (production code, judging only), and `rtrl ab` compares v1's logged traffic with the
-last policy's over the whole experiment.
+together (different users per seed); for org protocols the DiD over every seed's users (org_protocol.pooled_orgs).
+The final cycle only serves and is measured (`measure_last`): the monitors then judge it (production code,
+judging only), and `rtrl ab` compares v1's logged traffic with the last policy's over the whole experiment.
 """
 
 from __future__ import annotations
@@ -320,7 +320,9 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
             + (f"[{f(p['ci_low'])}, {f(p['ci_high'])}]" if p else "n/a")
             + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {_eval(s)} | "
             f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
-    if pool and pool.get("kind") == "did":
+    if pool and pool.get("kind") == "did" and not pool["did"]:
+        lines += ["", f"pooled DiD over seeds {pool['seeds']}: n/a (an org has fewer than 2 users); success: False"]
+    elif pool and pool.get("kind") == "did":
         moves = ", ".join(f"{o} {'+' if m['want'] else '-'}: {f(m['mean_rate_change'])}" for o, m in pool["org_moves"].items())
         lines += ["", f"pooled DiD over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
                       f"(SE {pool['se']:.3f}, Welch 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); {moves}; "
