@@ -172,13 +172,11 @@ def pooled_orgs(summaries: list[dict], name: str, seeds: list[int], min_seeds_ex
     moves = {o: {"want": w, "users": len(diffs.get(o, [])), **_interval(diffs.get(o, []))} for o, w in wants.items()}
     per_seed = ("did_excludes_zero", "each_org_moves_toward_its_convention")
     seeds_ok = sum(bool(s["checks"].get("did_excludes_zero")) for s in summaries)
-    toward = all(m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
-                 for m in moves.values())
+    toward = _toward(moves)
     others = all(v for s in summaries for k, v in s["checks"].items() if k not in per_seed)
     return {"protocol": name, "kind": "did", "seeds": [s["seed"] for s in summaries],
-            "n_users": (did["n_a"] + did["n_b"]) if did else 0, "diff": did["diff"] if did else None,
-            "se": did["se"] if did else None, "ci_low": did["ci_low"] if did else None,
-            "ci_high": did["ci_high"] if did else None, "did": did, "org_moves": moves,
+            "n_users": (did["n_a"] + did["n_b"]) if did else 0,
+            **{k: did[k] if did else None for k in ("diff", "se", "ci_low", "ci_high")}, "did": did, "org_moves": moves,
             "seeds_excluding_zero": seeds_ok, "each_org_moves_toward_its_convention": toward,
             "every_other_check_in_every_seed": others,
             "success": bool(sorted(s["seed"] for s in summaries) == sorted(seeds) and did and did["ci_low"] > 0
@@ -214,11 +212,15 @@ def _did_checks(did: dict | None, moves: dict[str, dict], verdicts: dict[str, di
     adapter's shared-suite eval passed (no regression)."""
     return {
         "did_excludes_zero": bool(did and did["ci_low"] > 0),
-        "each_org_moves_toward_its_convention": all(
-            m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
-            for m in moves.values()),
+        "each_org_moves_toward_its_convention": _toward(moves),
         "shared_suite_no_regression": bool(verdicts) and all(v.get("eval") for v in verdicts.values()),
     }
+
+
+def _toward(moves: dict[str, dict]) -> bool:
+    """Each org's mean change has its convention's sign (up where the org wants the feature, down where not)."""
+    return all(m["mean_rate_change"] is not None and m["mean_rate_change"] * (1 if m["want"] else -1) > 0
+               for m in moves.values())
 
 
 def _interval(xs: list[float]) -> dict:
