@@ -31,8 +31,8 @@ from rl_core.models import DONE_MARK
 
 FOLDER = "evals/cache"
 # the code whose change changes a result: the episode loop, tools, sandbox, prompt format, model loading
-_CODE = ("evals/harness.py", "evals/tools.py", "evals/sandbox.py", "evals/_jail.py", "evals/_runtests.py",
-         "evals/policies.py", "rl_core/toolcalls.py", "rl_core/models.py")
+_CODE = ("evals/harness.py", "evals/tools.py", "evals/sandbox.py", "evals/_jail.py", "evals/_serve.py", "evals/_wire.py",
+         "evals/_judge.py", "evals/judge.py", "evals/cgroup.py", "evals/policies.py", "rl_core/toolcalls.py", "rl_core/models.py")
 _ROOT = Path(__file__).resolve().parent.parent
 
 

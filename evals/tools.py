@@ -2,22 +2,21 @@
 
 read_file / write_file / apply_patch are plain file operations done by the harness on its own copy of
 the repository (paths are checked to stay inside it); run_tests runs the visible tests of that copy
-in the sandbox, because that is where model-written code executes. Every call returns a ToolResult:
+through the judge (evals/judge.py): their code in the sandbox, the verdict outside it. Every call returns a ToolResult:
 the text the model sees next, and whether the call was well-formed and did what it asked.
 """
 
 from __future__ import annotations
 
+import ast
 import json
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evals import sandbox
+from evals.judge import TestRun, judge
 
-RUNNER_NAME = "_rtrl_runtests.py"
-RUNNER_SOURCE = Path(__file__).with_name("_runtests.py").read_text()
 MAX_FILE_CHARS = 20_000
 
 SPECS: dict[str, dict[str, Any]] = {
@@ -131,40 +130,41 @@ class Workspace:
         return ToolResult(f"patched {path}", True, True)
 
     def _run_tests(self) -> ToolResult:
-        res = run_tests(self.snapshot(), [], self.limits)
+        res = run_tests(self.snapshot(), self.limits)
         return ToolResult(res.summary, True, res.passed)
 
 
-@dataclass
-class TestRun:
-    passed: bool
-    n_passed: int
-    n_failed: int
-    status: str  # the sandbox status
-    summary: str  # short text for the model / the report
+def visible_tests(files: dict[str, str]) -> dict[str, str]:
+    """The judge's test file that runs a work dir's own tests (test_*.py, tests/test_*.py) in the sandbox.
 
-
-def run_tests(files: dict[str, str], test_files: list[str], limits: sandbox.Limits) -> TestRun:
-    """Run test files (default: discovered test_*.py) over `files` in the sandbox."""
-    nonce = secrets.token_hex(16)
-    res = sandbox.run({**files, RUNNER_NAME: RUNNER_SOURCE}, [RUNNER_NAME, nonce, *test_files], limits,
-                      cwd_on_path=False)
-    report: dict[str, Any] = {}
-    for line in reversed(res.stdout.splitlines()):
-        try:
-            obj = json.loads(line) if line.startswith("{") else None
-        except json.JSONDecodeError:
+    The visible tests are the model's to edit, so their code runs with the rest of its code, never in the
+    judge: the judge imports each test module there and calls each of its top-level test functions
+    (names read from the source's syntax tree, nothing executed here), and a test passes only when its call
+    returned. A test file that does not parse or import fails as a whole.
+    """
+    lines, tests = ["import importlib", ""], []
+    for rel in sorted(files):
+        p = Path(rel)
+        if not (p.name.startswith("test_") and p.suffix == ".py" and len(p.parts) <= 2):
             continue
-        if isinstance(obj, dict) and obj.get("nonce") == nonce:  # a report printed by the model is ignored
-            report = obj
-            break
-    n_pass, n_fail = int(report.get("passed", 0)), int(report.get("failed", 0))
-    if res.status in ("timeout", "killed", "error"):
-        summary = f"tests {res.status} after {res.duration_s:.1f}s"
-    elif not report:
-        summary = "tests crashed: " + res.stderr[-500:]
-    else:
-        lines = [f"{n_pass} passed, {n_fail} failed"]
-        lines += [f"FAILED {f['test']}: {f['error']}"[:300] for f in report.get("failures", [])[:5]]
-        summary = "\n".join(lines)
-    return TestRun(res.status == "passed" and n_pass > 0 and n_fail == 0, n_pass, n_fail, res.status, summary)
+        module = ".".join(p.with_suffix("").parts)
+        if not all(part.isidentifier() for part in p.with_suffix("").parts):
+            continue
+        try:
+            names = [n.name for n in ast.parse(files[rel]).body
+                     if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+        except (SyntaxError, ValueError):
+            names = []
+        for name in names or ["import"]:
+            test = f"test_{module.replace('.', '__')}__{name}"
+            call = "" if name == "import" else f".{name}()"
+            tests.append(f"def {test}():\n    importlib.import_module({module!r}){call}\n")
+    return {"test_visible.py": "\n".join(lines + tests)} if tests else {}
+
+
+def run_tests(files: dict[str, str], limits: sandbox.Limits) -> TestRun:
+    """Run the work dir's visible tests (judged from outside, their code confined with the rest)."""
+    tests = visible_tests(files)
+    if not tests:
+        return TestRun(False, 0, 0, "failed", "no tests found (test_*.py)")
+    return judge(files, tests, limits)

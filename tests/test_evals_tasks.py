@@ -46,7 +46,7 @@ def test_every_task_is_solvable_and_not_already_solved():
 @pytest.mark.slow
 def test_reference_solutions_keep_visible_tests_green():
     for t in load_tasks(TASKS):
-        res = run_tests({**t.files, **t.solution}, [], Limits(timeout_s=10))
+        res = run_tests({**t.files, **t.solution}, Limits(timeout_s=10))
         assert res.passed, (t.id, res.summary)
 
 

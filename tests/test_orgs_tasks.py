@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evals.sandbox import Limits
-from evals.tools import run_tests
+from evals.judge import judge
 from rl_core.config import Preference
 from rl_core.orgs.tasks import CONVENTION_TEST, org_tasks
 
@@ -20,7 +20,7 @@ def cfg(cfg):
 
 
 def hidden(task, files: dict[str, str]):
-    return run_tests({**task.files, **files, **task.hidden_tests}, sorted(task.hidden_tests), Limits(timeout_s=20))
+    return judge({**task.files, **files}, task.hidden_tests, Limits(timeout_s=20))
 
 
 @pytest.mark.parametrize("org, convention", [("org-acme", "type_hints"), ("org-globex", "docstrings")])

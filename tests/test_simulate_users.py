@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from evals.tools import run_tests
+from evals.judge import judge
 from rl_core import toolcalls
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import load_bank, tasks_for
@@ -87,9 +87,8 @@ def test_bank_is_separate_solvable_and_unsolved():
     assert {t.hard for t in BANK} == {True, False} and {t.org for t in BANK} >= {None, "org-acme", "org-globex"}
 
     def check(t):
-        hidden = sorted(t.task.hidden_tests)
-        before = run_tests(dict(t.task.files) | t.task.hidden_tests, hidden, TEST_LIMITS)
-        after = run_tests(dict(t.task.files) | t.task.solution | t.task.hidden_tests, hidden, TEST_LIMITS)
+        before = judge(dict(t.task.files), t.task.hidden_tests, TEST_LIMITS)
+        after = judge(dict(t.task.files) | t.task.solution, t.task.hidden_tests, TEST_LIMITS)
         return t.id, before.passed, after.passed, after.summary
 
     with ThreadPoolExecutor(4) as pool:

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evals import sandbox
-from evals.tools import Workspace, openai_tools, run_tests
+from evals.judge import judge
+from evals.tools import Workspace, openai_tools
 from rl_core import toolcalls
 from rl_core.schema import now_utc
 from rl_core.simulate import feedback as fb
@@ -170,7 +171,7 @@ def _judge(user: User, task: SimTask, ws: Workspace, reply: Reply, t: datetime, 
             edited = True
     if edited:
         files = ws.snapshot()
-        run = run_tests(files | task.task.hidden_tests, sorted(task.task.hidden_tests), TEST_LIMITS)
+        run = judge(files, task.task.hidden_tests, TEST_LIMITS)
         violations = user.org.violations(files.get(task.target, ""))
         more, say = fb.edit_feedback(reply.event_id, t, passed=run.passed, violations=violations,
                                      error=run.summary, persona=user.persona, rng=rng)
