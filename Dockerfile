@@ -21,9 +21,11 @@ LABEL org.opencontainers.image.title="rtrl" \
 # nodes with pdsh over ssh. gcc + libc6-dev: triton (torch.compile, vLLM's kernels) compiles a small C launcher
 # at first use; DeepSpeed's own ops are not built (the trainer uses torch's AdamW). No git: only the simulated
 # experiments read the commit, and .git is not in the image (GIT_PYTHON_REFRESH keeps MLflow quiet about it).
+# bubblewrap: the sandbox for model-written code in evals (evals/sandbox.py; the container needs CAP_SYS_ADMIN or
+# user namespaces for it, see docs/security.md).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates curl openssh-client pdsh gcc libc6-dev \
+      ca-certificates curl openssh-client pdsh gcc libc6-dev bubblewrap \
  && rm -rf /var/lib/apt/lists/*
 
 ENV PYTHONUNBUFFERED=1 \

@@ -15,9 +15,10 @@ setup: $(STAMP)
 
 # Debian packages the tests use: chromium drives the Airflow and MLflow UIs in tests/test_ui_browser.py;
 # postgresql and redis-server run the production stack (`make stack`, tests/test_stack.py); docker-compose
-# validates docker-compose.yaml offline. Installed with apt when missing and we may (root, or password-less
-# sudo); otherwise the tests that need them skip.
-SYSTEM_PACKAGES := chromium postgresql redis-server docker-compose
+# validates docker-compose.yaml offline; bubblewrap is the sandbox that model-written code runs in (evals/sandbox.py:
+# without it no model code runs and the eval and sandbox tests fail, loudly). Installed with apt when missing and we
+# may (root, or password-less sudo); otherwise the browser and stack tests skip.
+SYSTEM_PACKAGES := bubblewrap chromium postgresql redis-server docker-compose
 sysdeps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \

@@ -24,7 +24,7 @@ from pathlib import Path
 from evals import sandbox
 
 JUDGE = Path(__file__).with_name("_judge.py")
-GRACE_S = 5.0  # the judge's own start and report, beyond the sandbox's timeout
+GRACE_S = 2.0  # the judge's own start and report, beyond the sandbox's timeout
 
 
 @dataclass

@@ -87,7 +87,11 @@ class SandboxResult:
 
 
 def bwrap() -> str:
-    path = shutil.which("bwrap") or ("/usr/bin/bwrap" if Path("/usr/bin/bwrap").is_file() else None)
+    """bubblewrap's path: RTRL_BWRAP if set (it must exist), else `bwrap` on PATH or in /usr/bin."""
+    explicit = os.environ.get("RTRL_BWRAP")
+    path = explicit if explicit and Path(explicit).is_file() else None
+    if not explicit:
+        path = shutil.which("bwrap") or ("/usr/bin/bwrap" if Path("/usr/bin/bwrap").is_file() else None)
     if not path:
         raise SandboxUnavailable("bubblewrap is not installed (`apt-get install bubblewrap`, or `make sysdeps`): "
                                  "model-written code is not run unconfined")

@@ -50,7 +50,7 @@ def test_benign_program_passes_and_reports_isolation(confined):
     r = _run("import sys\nprint('hello'); print('oops', file=sys.stderr)")
     assert r.status == "passed" and r.returncode == 0
     assert r.stdout == "hello\n" and "oops" in r.stderr
-    assert "netns+mountns" in r.isolation and "uid" in r.isolation
+    assert "bwrap:mount+pid+net+ipc+uts" in r.isolation and "uid" in r.isolation
 
 
 def test_failing_program_is_failed(confined):
@@ -150,14 +150,6 @@ def test_killing_the_parent_fails(confined):
         bystander.wait()
 
 
-def test_fallback_blocks_sockets_and_outside_writes(confined, tmp_path):
-    token = uuid.uuid4().hex
-    r = _run("import socket\nsocket.socket().connect(('127.0.0.1', 9))", force_fallback=True)
-    assert r.status == "failed" and "network is disabled" in r.stderr and "audit-hook" in r.isolation
-    r = _run(f"open('/tmp/rtrl-escape-{token}', 'w').write('x')", force_fallback=True)
-    assert r.status == "failed" and not Path(f"/tmp/rtrl-escape-{token}").exists()
-
-
 def test_cli_prints_json(tmp_path):
     prog = tmp_path / "loop.py"
     prog.write_text("while True:\n    pass\n")
@@ -176,14 +168,94 @@ def test_bad_limits_name_the_field():
 
 
 def test_model_code_cannot_fake_a_green_test_report(confined):
-    """Reward hacking through the runner: print a passing report and exit 0 at import, or shadow json."""
+    """Reward hacking through the visible-test runner: print a passing report and exit 0, or shadow json."""
     from evals.tools import run_tests
 
-    fake = 'import os\nprint(\'{"passed": 5, "failed": 0, "failures": []}\')\nos._exit(0)\n'
+    fake = 'import os\nprint(\'{"passed": 5, "failed": 0, "collected": 5, "complete": true}\')\nos._exit(0)\n'
     files = {"m.py": fake, "test_m.py": "import m\n\n\ndef test_x():\n    assert False\n"}
-    res = run_tests(files, ["test_m.py"], Limits(timeout_s=10))
+    res = run_tests(files, Limits(timeout_s=10))
     assert not res.passed and res.n_passed == 0
-    shadow = {"json.py": "def dumps(o):\n    return '{\"passed\": 1, \"failed\": 0, \"nonce\": \"%s\"}' % o.get('nonce')\n",
+    shadow = {"json.py": "def dumps(o, **k):\n    return '{\"passed\": 1, \"failed\": 0, \"complete\": true}'\n",
               "test_m.py": "def test_x():\n    assert False\n"}
-    res = run_tests(shadow, ["test_m.py"], Limits(timeout_s=10))
+    res = run_tests(shadow, Limits(timeout_s=10))
     assert not res.passed and res.n_failed == 1
+
+
+def test_nothing_of_the_house_is_visible(confined, tmp_path, monkeypatch):
+    """RTRL_HOME's lake, WAL and mlflow.db, even world-readable, and the repository are not in the sandbox."""
+    home = tmp_path / "rtrl-home"
+    (home / "var" / "lake" / "raw").mkdir(parents=True)
+    secret = "org-secret-" + uuid.uuid4().hex
+    for name in ("var/lake/raw/feedback.parquet", "var/mlflow.db", "var/wal.seg"):
+        (home / name).write_text(secret)
+        (home / name).chmod(0o644)
+    tmp_path.chmod(0o755)
+    code = (
+        "import os, sys\nfound = []\n"
+        f"for p in {[str(home / 'var/mlflow.db'), str(REPO / 'rtrl.toml'), '/etc/passwd', '/root']!r}:\n"
+        "    try:\n        found.append(open(p).read()[:40])\n"
+        "    except OSError as e:\n        print('refused', p, type(e).__name__)\n"
+        "print(sorted(os.listdir('/')))\nsys.exit(1 if found else 0)\n"
+    )
+    r = _run(code)
+    assert r.status == "passed", r.stdout + r.stderr
+    assert secret not in r.stdout and "refused" in r.stdout
+
+
+def test_other_processes_command_lines_are_hidden(confined):
+    key = "sk-" + uuid.uuid4().hex
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--api-key", key])
+    try:
+        code = (
+            "import os\nseen = ''\n"
+            "for d in os.listdir('/proc'):\n"
+            "    if d.isdigit():\n"
+            "        try:\n            seen += open(f'/proc/{d}/cmdline').read()\n"
+            "        except OSError:\n            pass\n"
+            "print(len([d for d in os.listdir('/proc') if d.isdigit()]), 'processes')\nprint(seen)\n"
+        )
+        r = _run(code)
+        assert r.status == "passed" and key not in r.stdout, r.stdout
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_memory_is_capped_for_the_whole_tree(confined):
+    """Three processes of 600 MB each pass a 1 GB per-process limit; the tree's cgroup stops them."""
+    if "cgroup" not in confined.isolation:
+        pytest.skip("no writable cgroup here: the tree is bounded by nproc x memory_mb only (evals/cgroup.py)")
+    code = ("import os, time\nkids = []\nfor _ in range(3):\n    pid = os.fork()\n"
+            "    if pid == 0:\n        b = bytearray(600 * 1024 * 1024)\n        time.sleep(3)\n        os._exit(0)\n"
+            "    kids.append(pid)\n"
+            "ok = all(os.waitpid(k, 0)[1] == 0 for k in kids)\nprint('all held 600 MB' if ok else 'capped')\n"
+            "raise SystemExit(0 if ok else 1)\n")
+    r = _run(code, memory_mb=1024, timeout_s=10)
+    assert r.status != "passed" and "all held" not in r.stdout, r
+
+
+def test_writable_space_is_one_capped_tmpfs(confined):
+    code = ("import os\nwritten = 0\n"
+            "for i in range(10):\n"
+            "    try:\n        open(f'big{i}', 'wb').write(b'x' * 15 * 1024 * 1024)\n        written += 15\n"
+            "    except OSError as e:\n        print('refused', i, e.errno)\n        break\n"
+            "for p in ('/run/lock/x', '/usr/x', '/x'):\n"
+            "    try:\n        open(p, 'w').write('x'); print('wrote', p)\n"
+            "    except OSError:\n        pass\n"
+            "print('written', written)\n")
+    r = _run(code, tmp_mb=32, fsize_mb=16)
+    assert "refused" in r.stdout and "wrote" not in r.stdout, r.stdout
+    assert int(r.stdout.split("written")[-1]) <= 32
+
+
+def test_no_new_privileges_and_no_capabilities(confined):
+    r = _run("s = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+             "print(s['NoNewPrivs'].strip(), int(s['CapEff'], 16))\n")
+    assert r.status == "passed" and r.stdout.split() == ["1", "0"], r.stdout
+
+
+def test_without_bubblewrap_nothing_runs(monkeypatch, tmp_path):
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("RTRL_BWRAP", str(tmp_path / "no-bwrap"))
+    r = _run(f"open({str(marker)!r}, 'w').write('x')")
+    assert r.status == "error" and "bubblewrap" in r.stderr and not marker.exists()
