@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -56,6 +56,50 @@ def read_segment(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield obj["k"], obj["r"]
             except (ValueError, KeyError, TypeError):
                 continue
+
+
+def rewrite_segment(path: Path, keep: Callable[[str, Any], bool]) -> int:
+    """Rewrite a SEALED segment without the rows `keep(kind, row)` refuses (`rtrl forget`; the caller holds
+    the lake lock, so no compactor reads it meanwhile). Atomic: a hidden temp file, fsynced, renamed over
+    it; a segment left empty is deleted. Torn or garbled lines (never acknowledged) go too. Returns the
+    number of rows removed."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.readlines()
+    except FileNotFoundError:  # compacted meanwhile
+        return 0
+    kept, removed = [], 0
+    for line in lines:
+        try:
+            obj = json.loads(line) if line.endswith(b"\n") else None
+            k, r = obj["k"], obj["r"]  # type: ignore[index]
+        except (ValueError, KeyError, TypeError):
+            continue  # torn or garbled: never acknowledged, not a row
+        if keep(k, r):
+            kept.append(line)
+        else:
+            removed += 1
+    if removed == 0:  # nothing of the subject: the segment is left as it is
+        return 0
+    if kept:
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_fd(fd, b"".join(kept))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    else:
+        path.unlink()
+    _fsync_dir(path.parent)
+    return removed
+
+
+def _write_fd(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def seal(path: Path) -> Path:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+MAX_LABEL = 200  # characters of an error text kept in a label
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -24,6 +28,26 @@ class Metrics:
         self.wal_fsyncs = Gauge("rtrl_wal_fsyncs", "fsyncs by the WAL writer (group commits)", registry=r)
         self.wal_segments = Gauge("rtrl_wal_segments_sealed", "WAL segments sealed", registry=r)
         self.index_size = Gauge("rtrl_event_index_size", "interactions known to the feedback index", registry=r)
+        self.quarantined = Gauge("rtrl_quarantined_rows", "WAL rows compaction could not write (quarantine/)",
+                                 registry=r)
+        self.quarantined_at = Gauge("rtrl_quarantine_last_timestamp_seconds", "when the newest row was quarantined",
+                                    registry=r)
+        self.compaction_failures = Gauge("rtrl_compaction_failures", "compaction passes that failed", registry=r)
+        self.wal_backlog = Gauge("rtrl_wal_sealed_backlog", "sealed WAL segments waiting for compaction", registry=r)
+        self.last_error = Gauge("rtrl_collect_last_error_info", "the data plane's last error (1 while there is one)",
+                                ["source", "error"], registry=r)
+
+    def set_collect(self, h: dict[str, Any]) -> None:
+        """Mirror Collector.health(); the error text is a label, cut short (the client escapes it)."""
+        self.quarantined.set(h["quarantined"])
+        at = h.get("last_quarantined_at")
+        self.quarantined_at.set(datetime.fromisoformat(at).timestamp() if at else 0)
+        self.compaction_failures.set(h["compaction_failures"])
+        self.wal_backlog.set(h["wal_sealed_backlog"])
+        self.last_error.clear()
+        for source, key in (("quarantine", "last_quarantine_error"), ("compaction", "last_compaction_error")):
+            if h.get(key):
+                self.last_error.labels(source, h[key][:MAX_LABEL]).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
