@@ -6,6 +6,12 @@ tokens' logprobs under the sampling distribution actually used, the exact model 
 
 `adapter_version` (nullable) extends design.md's list: the per-organisation LoRA adapter that served the
 turn, if any (docs/architecture.md records the change).
+
+Bounds (below the schemas): every field is held to what its Parquet type can store and what the trainer can
+use (integer ranges, finite floats, lengths, no control characters in ids, text UTF-8 can carry). They are
+declared here once; the pydantic models, the gateway's request model and headers (rl_core/serving) and the
+data-quality gates read them, so a value the lake cannot hold is a 400 naming its field before anything is
+generated or stored, instead of an ArrowInvalid in a later compaction that stops every org's events.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import json
 import math
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rl_core.ids import check_text_id
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -132,12 +140,64 @@ LEDGER_SCHEMA = pa.schema([
 SCHEMAS = {"interactions": INTERACTIONS_SCHEMA, "feedback": FEEDBACK_SCHEMA}
 TS_COLUMN = {"interactions": "ts_request", "feedback": "ts"}  # the column that picks the partition
 
+# --- Bounds: one declaration per field, read by the models below, the gateway (rl_core/serving) and the gates ---
+INT32_MAX = 2**31 - 1  # token ids and turn_index are int32 columns
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # model_version is int64; a sampling seed is what vLLM and torch take
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: anything beyond is stored as inf
+LOGPROB_MAX = 0.0  # the log of a probability; sql/quality/*.sql count a logprob above it as bad ($logprob_max)
+TEMPERATURE_MAX = 2.0  # OpenAI's range: the gateway samples within it, and a logged turn's logprobs are under it
+LATENCY_MS_MAX = 7 * 24 * 3600 * 1000.0  # a turn "taking" over a week is a clock error, not a latency
+MAX_TOKENS = 1 << 20  # token ids in one prompt, or in one completion
+MAX_TEXT = 1 << 24  # characters in one text column: the messages JSON, completion_text, the tool_calls JSON
+MAX_LABEL = 256  # requested_model, adapter_version, finish_reason
+MAX_FEEDBACK_TEXT = 100_000
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+TurnIndex = Annotated[int, Field(ge=0, le=INT32_MAX)]
+ModelVersion = Annotated[int, Field(ge=1, le=INT64_MAX)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Temperature = Annotated[float, Field(ge=0, le=TEMPERATURE_MAX, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+Millis = Annotated[float, Field(ge=0, le=LATENCY_MS_MAX, allow_inf_nan=False)]
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_TOKENS)]
+
+
+def check_text(field: str, value: str, max_len: int = MAX_TEXT) -> str:
+    """Text a column can hold: at most max_len characters, and valid Unicode (JSON may carry a lone UTF-16
+    surrogate, U+D800 to U+DFFF, which UTF-8, and so the WAL and Parquet, cannot encode)."""
+    if len(value) > max_len:
+        raise ValueError(f"{field}: {len(value)} characters, at most {max_len} allowed")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field}: character {exc.start} is a lone UTF-16 surrogate, which UTF-8 cannot carry") from None
+    return value
+
+
+def check_logprobs(field: str, values: list[float]) -> list[float]:
+    """Each a finite float32 <= LOGPROB_MAX (NaN fails every comparison)."""
+    for i, lp in enumerate(values):
+        if not -FLOAT32_MAX <= lp <= LOGPROB_MAX:
+            raise ValueError(f"{field}[{i}] = {lp}: a logprob must be <= {LOGPROB_MAX} and finite (a float32)")
+    return values
+
+
+def _json_text(field: str, value: Any) -> str:
+    """A JSON column's value as the text the lake stores, bounded like any text."""
+    if isinstance(value, str):
+        return check_text(field, value)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (RecursionError, ValueError, TypeError) as exc:
+        raise ValueError(f"{field}: not storable as JSON ({type(exc).__name__})") from None
+    return check_text(field, text)
+
 
 def _uuid(v: str, field: str) -> str:
     try:
         uuid.UUID(str(v))
     except (ValueError, AttributeError, TypeError):
-        raise ValueError(f"{field} must be a UUID, got {v!r}") from None
+        raise ValueError(f"{field} must be a UUID, got {v!r:.80}") from None
     return str(v)
 
 
@@ -154,35 +214,60 @@ class Strict(BaseModel):
 
 
 class InteractionEvent(Strict):
-    """One assistant turn. org_id is set by the server from the bearer token, never from a request body."""
+    """One assistant turn. org_id is set by the server from the bearer token, never from a request body.
+
+    `messages` and `tool_calls` are held as the JSON text the lake stores (a list or dict given is serialised
+    once, here), so their length and encoding are checked on exactly what is written."""
 
     event_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
     org_id: str = ""
-    user_id: str = Field(min_length=1, max_length=256)
-    session_id: str = Field(min_length=1, max_length=256)
-    turn_index: int = Field(0, ge=0)
+    user_id: str
+    session_id: str
+    turn_index: TurnIndex = 0
     ts_request: datetime
     ts_response: datetime
-    requested_model: str = Field(min_length=1)
-    model_version: int = Field(ge=1)
+    requested_model: str
+    model_version: ModelVersion
     adapter_version: str | None = None
     arm: Literal["champion", "challenger", "pinned"]
     messages: list[dict[str, Any]] | dict[str, Any] | str
-    prompt_token_ids: list[int]
-    completion_token_ids: list[int]
-    completion_logprobs: list[float]
+    prompt_token_ids: TokenIds
+    completion_token_ids: TokenIds
+    completion_logprobs: Annotated[list[float], Field(max_length=MAX_TOKENS)]
     completion_text: str = ""
     tool_calls: list[dict[str, Any]] | str | None = None
     finish_reason: str | None = None
-    latency_ms: float | None = Field(None, ge=0)
-    ttft_ms: float | None = Field(None, ge=0)
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
+    latency_ms: Millis | None = None
+    ttft_ms: Millis | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
 
     @field_validator("event_id")
     @classmethod
     def _event_id(cls, v: str) -> str:
         return _uuid(v, "event_id")
+
+    @field_validator("user_id", "session_id")
+    @classmethod
+    def _caller_ids(cls, v: str, info) -> str:
+        return check_text(info.field_name, check_text_id(info.field_name, v))
+
+    @field_validator("requested_model", "adapter_version", "finish_reason")
+    @classmethod
+    def _labels(cls, v: str | None, info) -> str | None:
+        if v is None:  # requested_model is a str by type: only the optional two reach here as None
+            return None
+        return check_text(info.field_name, check_text_id(info.field_name, v, MAX_LABEL))
+
+    @field_validator("messages", "tool_calls")
+    @classmethod
+    def _json_columns(cls, v: Any, info) -> str | None:
+        return None if v is None else _json_text(info.field_name, v)
+
+    @field_validator("completion_text")
+    @classmethod
+    def _completion_text(cls, v: str) -> str:
+        return check_text("completion_text", v)
 
     @field_validator("ts_request", "ts_response")
     @classmethod
@@ -192,10 +277,7 @@ class InteractionEvent(Strict):
     @field_validator("completion_logprobs")
     @classmethod
     def _logprobs(cls, v: list[float]) -> list[float]:
-        for i, lp in enumerate(v):
-            if math.isnan(lp) or lp > 0:
-                raise ValueError(f"completion_logprobs[{i}] = {lp}: a logprob must be <= 0 and not NaN")
-        return v
+        return check_logprobs("completion_logprobs", v)
 
     @model_validator(mode="after")
     def _lengths(self) -> "InteractionEvent":
@@ -209,12 +291,7 @@ class InteractionEvent(Strict):
         return self
 
     def to_row(self) -> dict[str, Any]:
-        row = self.model_dump()
-        if not isinstance(row["messages"], str):
-            row["messages"] = json.dumps(row["messages"], ensure_ascii=False)
-        if row["tool_calls"] is not None and not isinstance(row["tool_calls"], str):
-            row["tool_calls"] = json.dumps(row["tool_calls"], ensure_ascii=False)
-        return row
+        return self.model_dump()
 
 
 class FeedbackEvent(Strict):
@@ -227,12 +304,17 @@ class FeedbackEvent(Strict):
     kind: Literal[FEEDBACK_KINDS]  # type: ignore[valid-type]
     value_bool: bool | None = None
     value_float: float | None = None
-    text: str | None = Field(None, max_length=100_000)
+    text: str | None = Field(None, max_length=MAX_FEEDBACK_TEXT)
 
     @field_validator("feedback_id", "event_id")
     @classmethod
     def _ids(cls, v: str, info) -> str:
         return _uuid(v, info.field_name)
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v: str | None) -> str | None:
+        return None if v is None else check_text("text", v, MAX_FEEDBACK_TEXT)
 
     @field_validator("ts")
     @classmethod

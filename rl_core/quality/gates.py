@@ -4,7 +4,9 @@ Each gate checks the files' schema against the contract, builds a small per-row 
 (sql/quality/*.sql: ids, counts, derived flags; never the token lists themselves), validates it with a
 Great Expectations suite, saves the GX result JSON to runs/<run_id>/quality/<gate>.json, writes its
 verdict, and raises GateFailed listing every failing expectation with counts and examples. Training on
-bad data is worse than not training, so a failing gate stops the cycle; nothing downstream runs.
+bad data is worse than not training, so a failing gate stops the cycle; nothing downstream runs. gate_raw
+quarantines one org whose rows alone break row-level checks instead of refusing every org (its docstring says
+when, and why a whole org).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rl_core.config import Config
-from rl_core.duck import bind_files, connect, load_sql
+from rl_core.duck import bind_files, connect, load_sql, write_stream
 from rl_core.harvest import episodes_path, read_manifest, utc
 from rl_core.lake import Lake
-from rl_core.quality.gx import Check, Outcome, validate
+from rl_core.quality.gx import Check, Outcome, unexpected, validate
 from rl_core.registry import store
 from rl_core.reports import GateFailed, Verdict, write_verdict
 from rl_core.rewards.score import rewards_path
@@ -28,6 +31,7 @@ from rl_core.schema import (
     FEEDBACK_KINDS,
     FEEDBACK_SCHEMA,
     INTERACTIONS_SCHEMA,
+    LOGPROB_MAX,
     REWARDS_SCHEMA,
     SIGNALS,
 )
@@ -67,7 +71,7 @@ def _finish(lake: Lake, run_id: str, name: str, outcomes: list[Outcome], problem
     reasons = problems + [f for o in outcomes for f in o.failures]
     lake.write_json(lake.run(run_id).quality(name),
                     {"gate": name, "success": not reasons, "schema_problems": problems,
-                     "validations": [o.result for o in outcomes]})
+                     "quarantined": details.get("quarantined", {}), "validations": [o.result for o in outcomes]})
     verdict = Verdict(name=name, passed=not reasons, reasons=reasons, details=details)
     write_verdict(lake, run_id, verdict)
     if reasons:
@@ -75,11 +79,11 @@ def _finish(lake: Lake, run_id: str, name: str, outcomes: list[Outcome], problem
     return verdict
 
 
-def _read_run_file(cfg: Config, lake: Lake, sql_name: str, path: str):
+def _read_run_file(cfg: Config, lake: Lake, sql_name: str, path: str, **params):
     """One of sql/quality/'s queries over one of the run's files, as a DataFrame."""
     con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
-        return con.sql(load_sql(sql_name), params={"path": lake.url(path)}).df()
+        return con.sql(load_sql(sql_name), params={"path": lake.url(path), **params}).df()
     finally:
         con.close()
 
@@ -92,7 +96,20 @@ def known_versions(cfg: Config) -> list[int]:
 def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
              known: list[int] | None = None) -> Verdict:
     """Raw interactions in [start, end) and feedback up to end + grace (verdict "gate_raw"); only the org's rows
-    when the run is an org adapter's (its harvest manifest names the org)."""
+    when the run is an org adapter's (its harvest manifest names the org).
+
+    One org's bad rows do not refuse every org's window. A row-level check (a non-finite logprob, an unknown
+    version, ...) that only one org's rows break is that org's fault: its rows are all it can write (the org comes
+    from the bearer token), and the gateway now refuses such values, so they got in by a corruption or a broken
+    logging stack of that org. That org is quarantined for this window: named with counts, reasons and example
+    ids in the verdict's details["quarantined"], its episodes dropped from runs/<run_id>/episodes.parquet (the
+    gate that decides is the one place that can keep them from training), and the rest of the window judged as
+    usual. A whole org rather than its bad rows, because a stack that logged some rows wrong cannot be trusted
+    for the rest, and no threshold is left to tune. The gate still fails on window-level defects (schema, no
+    interactions, duplicated ids: the collector's), when the same row-level defect shows in two or more orgs'
+    rows (then the fault is the house's: the engine, the WAL, compaction), and when no other org's rows are
+    left (an org adapter's run, or a window of one org).
+    """
     start, end = utc(start, "start"), utc(end, "end")
     if end <= start:
         raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
@@ -107,19 +124,42 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
                "interaction_files": len(ifiles), "feedback_files": len(ffiles)}
     if problems:
         return _finish(lake, run_id, "gate_raw", [], problems, details)
+    idf, fdf = _raw_frames(cfg, lake, run_id, ifiles, ffiles, (start, end, grace_end))
+    details |= {"interactions": len(idf), "feedback": len(fdf)}
+    irows, frows = _raw_interaction_rows(known), _raw_feedback_rows()
+    quarantined = quarantine(idf, irows, fdf, frows)
+    if quarantined:
+        idf, fdf = idf[~idf["org_id"].isin(quarantined)], fdf[~fdf["org_id"].isin(quarantined)]
+        details["quarantined"] = quarantined
+    icheck = _ids("event_id") + [Check("ExpectTableRowCountToBeBetween", {"min_value": 1},
+                                       "the window has interactions")] + irows
+    outcomes = [validate(idf, icheck, "raw_interactions"),
+                validate(fdf, _ids("feedback_id") + frows, "raw_feedback", "feedback_id")]
+    if quarantined and all(o.success for o in outcomes):
+        details["episodes_quarantined"] = _drop_orgs(lake, run_id, sorted(quarantined))
+    return _finish(lake, run_id, "gate_raw", outcomes, [], details)
+
+
+def _raw_frames(cfg: Config, lake: Lake, run_id: str, ifiles: list[str], ffiles: list[str], bounds: tuple):
+    """sql/quality/raw_*.sql over the window's files: (interactions, feedback) DataFrames of per-row facts."""
+    start, end, grace_end = bounds
     con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
         org = (read_manifest(lake, run_id) or {}).get("org_id")  # an org adapter's run judges its org's rows
-        idf = con.sql(load_sql("quality/raw_interactions.sql"), params={"start": start, "end": end, "org_id": org}).df()
+        idf = con.sql(load_sql("quality/raw_interactions.sql"),
+                      params={"start": start, "end": end, "org_id": org, "logprob_max": LOGPROB_MAX}).df()
         fdf = con.sql(load_sql("quality/raw_feedback.sql"),
                       params={"start": start, "grace_end": grace_end, "org_id": org}).df()
     finally:
         con.close()
-    details |= {"interactions": len(idf), "feedback": len(fdf)}
-    icheck = _ids("event_id") + [
-        Check("ExpectTableRowCountToBeBetween", {"min_value": 1}, "the window has interactions"),
+    return idf, fdf
+
+
+def _raw_interaction_rows(known: list[int]) -> list[Check]:
+    """The raw interactions' row-level checks: each judges one row alone, so a bad row has an org."""
+    return [
         *[Check("ExpectColumnValuesToNotBeNull", {"column": c}, f"{c} present")
           for c in ("org_id", "user_id", "session_id", "model_version", "arm")],
         *_logprob_checks(),
@@ -131,15 +171,75 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
         Check("ExpectColumnValuesToBeInSet", {"column": "ts_ordered", "value_set": [True]},
               "ts_response not before ts_request"),
     ]
-    fcheck = _ids("feedback_id") + [
+
+
+def _raw_feedback_rows() -> list[Check]:
+    return [
         Check("ExpectColumnValuesToNotBeNull", {"column": "event_id"}, "feedback names its interaction"),
         Check("ExpectColumnValuesToBeInSet", {"column": "kind", "value_set": list(FEEDBACK_KINDS)},
               "feedback kind is known"),
         Check("ExpectColumnValuesToBeInSet", {"column": "value_invalid", "value_set": [False]},
               "feedback value_float finite"),
     ]
-    outcomes = [validate(idf, icheck, "raw_interactions"), validate(fdf, fcheck, "raw_feedback", "feedback_id")]
-    return _finish(lake, run_id, "gate_raw", outcomes, [], details)
+
+
+def _bad(df, checks: list[Check]):
+    out = df["org_id"].isna() & False
+    for c in checks:
+        out |= unexpected(df, c)
+    return out
+
+
+def quarantine(idf, irows: list[Check], fdf, frows: list[Check]) -> dict[str, dict]:
+    """{org: report} when exactly one org's rows (interactions or feedback) break row-level checks and another
+    org has interactions in the window; else {} and the gate judges the whole window (gate_raw says why)."""
+    bad_i, bad_f = _bad(idf, irows), _bad(fdf, frows)
+    orgs = {*idf.loc[bad_i, "org_id"], *fdf.loc[bad_f, "org_id"]}
+    if len(orgs) != 1:
+        return {}
+    (org,) = orgs
+    if not isinstance(org, str) or not (idf["org_id"] != org).any():  # a null org is no one's; no one else is left
+        return {}
+    mine_i, mine_f = idf[idf["org_id"] == org], fdf[fdf["org_id"] == org]
+    reasons = _org_reasons(mine_i, irows, "event_id") + _org_reasons(mine_f, frows, "feedback_id")
+    return {org: {"interactions": int(bad_i.sum()), "of": len(mine_i), "feedback": int(bad_f.sum()),
+                  "feedback_of": len(mine_f), "reasons": reasons}}
+
+
+def _org_reasons(df, checks: list[Check], id_column: str) -> list[str]:
+    """One line per check the org's rows break: count, and up to three example ids."""
+    out = []
+    for c in checks:
+        m = unexpected(df, c)
+        if m.any():
+            ids = ", ".join(str(x) for x in df.loc[m, id_column].head(3))
+            out.append(f"{c.why}: {int(m.sum())} of {len(df)} rows ({id_column} {ids})")
+    return out
+
+
+def _drop_orgs(lake: Lake, run_id: str, orgs: list[str]) -> int | None:
+    """Rewrite runs/<run_id>/episodes.parquet without the quarantined orgs' episodes (streamed, atomic) and
+    harvest.json's counts to match. Returns the episodes dropped; None before any harvest (nothing to drop).
+    A rerun finds none left and writes nothing."""
+    path = episodes_path(lake, run_id)
+    if not lake.exists(path):
+        return None
+    drop = pa.array(orgs, pa.string())
+    with lake.fs.open(lake.path(path), "rb") as f:
+        org_col = pq.read_table(f, columns=["org_id"])["org_id"]
+        n_drop = int(pc.sum(pc.is_in(org_col, value_set=drop)).as_py() or 0)
+    if n_drop == 0:
+        return 0
+    with lake.fs.open(lake.path(path), "rb") as f:
+        batches = (b.filter(pc.invert(pc.fill_null(pc.is_in(b["org_id"], value_set=drop), False)))
+                   for b in pq.ParquetFile(f).iter_batches(batch_size=65_536))
+        _, n_rows, n_fb = write_stream(lake, path, batches, EPISODES_SCHEMA)
+    manifest = read_manifest(lake, run_id)
+    if manifest is not None:
+        manifest |= {"n_episodes": n_rows, "n_with_feedback": n_fb, "quarantined_orgs": orgs,
+                     "n_quarantined": manifest.get("n_quarantined", 0) + n_drop}
+        lake.write_json(lake.run(run_id).manifest, manifest)
+    return n_drop
 
 
 def gate_episodes(cfg: Config, run_id: str) -> Verdict:
@@ -153,7 +253,7 @@ def gate_episodes(cfg: Config, run_id: str) -> Verdict:
     details = {"policy_version": manifest.get("policy_version")}
     if problems:
         return _finish(lake, run_id, "gate_episodes", [], problems, details)
-    df = _read_run_file(cfg, lake, "quality/episodes.sql", path)
+    df = _read_run_file(cfg, lake, "quality/episodes.sql", path, logprob_max=LOGPROB_MAX)
     g = cfg.gates
     details |= {"episodes": len(df), "feedback_share": float(df["has_feedback"].mean()) if len(df) else 0.0}
     checks = _ids("event_id") + [

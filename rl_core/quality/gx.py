@@ -2,7 +2,8 @@
 
 GX is imported lazily (it takes seconds) and only ever validates DataFrames produced by DuckDB (GX over
 DuckDB via SQLAlchemy fails, stack-notes). Each failing expectation becomes one readable line with its
-count, share and example ids/values, which is what GateFailed prints and the verdict stores.
+count, share and example ids/values, which is what GateFailed prints and the verdict stores. `unexpected` applies
+a row-level check's rule to each row, so a gate can tell whose rows break it (gates.gate_raw's quarantine).
 """
 
 from __future__ import annotations
@@ -114,3 +115,22 @@ def _explain(r, why: str, id_column: str | None) -> str:
             line += f" ({id_column} {', '.join(map(str, ids))})"
         return line
     return f"{head}: observed {_short(res.get('observed_value'))}"
+
+
+def unexpected(df, check: Check):
+    """The rows of df that a row-level check finds unexpected, as a boolean Series: the rule GX applies (nulls
+    are not judged by a value expectation; a pair is equal when both are present and equal), so a gate can say
+    whose rows they are. Table-level expectations (row counts, uniqueness) have no such rows: ValueError."""
+    k, e = check.kwargs, check.expectation
+    if e == "ExpectColumnValuesToNotBeNull":
+        return df[k["column"]].isna()
+    if e == "ExpectColumnPairValuesToBeEqual":
+        a, b = df[k["column_A"]], df[k["column_B"]]
+        return ~(a == b) & ~(a.isna() & b.isna())
+    col = df[k["column"]]
+    if e == "ExpectColumnValuesToBeInSet":
+        return col.notna() & ~col.isin(k["value_set"])
+    if e == "ExpectColumnValuesToBeBetween":
+        lo, hi = k.get("min_value"), k.get("max_value")
+        return col.notna() & ((col < lo if lo is not None else False) | (col > hi if hi is not None else False))
+    raise ValueError(f"{e} is not a row-level expectation")

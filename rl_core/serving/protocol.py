@@ -1,7 +1,8 @@
 """OpenAI wire format: strict request models, response/chunk builders and the JSON error shape.
 
 Requests are validated strictly (unknown fields -> 400 naming them), so a typo such as `max_token`
-is reported instead of silently ignored. Errors use OpenAI's shape {"error": {message, type, param,
+is reported instead of silently ignored; numbers and texts use the event contract's bounds (rl_core/schema.py),
+so a request whose turn could not be logged is refused before any token is generated. Errors use OpenAI's shape {"error": {message, type, param,
 code}}, which the official SDK turns into its typed exceptions.
 """
 
@@ -14,6 +15,12 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rl_core.ids import check_text_id
+from rl_core.schema import MAX_LABEL, Seed, Temperature, TopP, check_text
+
+MAX_ERRORS = 5  # fields listed in one 400's message (a list of a million bad token ids is one line, not a million)
+# OpenAI's limits on `metadata`: up to 16 pairs, keys up to 64 characters, values up to 512
+METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
@@ -29,12 +36,13 @@ class ApiError(Exception):
 
 def validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     """A pydantic error -> 400 naming every bad field (first one as `param`)."""
-    parts, first = [], None
-    for e in exc.errors():
+    parts, first, errors = [], None, exc.errors()
+    for e in errors[:MAX_ERRORS]:
         loc = ".".join(str(x) for x in (prefix, *e["loc"]) if x != "")
         first = first or loc
         parts.append(f"{loc}: {e['msg']}")
-    return ApiError(400, "invalid request: " + "; ".join(parts), param=first, code="invalid_value")
+    more = f" (and {len(errors) - MAX_ERRORS} more)" if len(errors) > MAX_ERRORS else ""
+    return ApiError(400, "invalid request: " + "; ".join(parts) + more, param=first, code="invalid_value")
 
 
 class Message(BaseModel):
@@ -57,15 +65,15 @@ class ChatRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     max_tokens: int | None = Field(None, gt=0)
     max_completion_tokens: int | None = Field(None, gt=0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    user: str | None = Field(None, max_length=256)
+    user: str | None = None
     metadata: dict[str, str] | None = None
     n: Literal[1] | None = None
     logprobs: bool | None = None
@@ -76,6 +84,28 @@ class ChatRequest(BaseModel):
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
+        for s in [v] if isinstance(v, str) else v or []:
+            check_text("stop", s, MAX_LABEL)
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        return check_text("model", check_text_id("model", v, MAX_LABEL), MAX_LABEL)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return check_text_id("user", v) if v else v  # "" counts as absent, as before
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is not None and len(v) > METADATA_PAIRS:
+            raise ValueError(f"at most {METADATA_PAIRS} pairs, got {len(v)}")
+        for key, value in (v or {}).items():
+            check_text(f"metadata key {key[:METADATA_KEY]!r}", key, METADATA_KEY)
+            check_text(f"metadata.{key}", value, METADATA_VALUE)
         return v
 
     @field_validator("tools")

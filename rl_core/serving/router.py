@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from pathlib import Path
 
 log = logging.getLogger("rtrl.serving.router")
 ALIASES = ("champion", "challenger")
+# a pinned version: ASCII digits only (str.isdigit() is true for '²', which int() refuses), at most an int64's 19
+VERSION_RE = re.compile(r"[0-9]{1,19}")
 
 
 class UnknownModel(LookupError):
@@ -262,7 +265,7 @@ class Router:
                 raise UnknownModel(f"model {model!r}: no version holds the alias {model!r}")
             return aliases[model].acquire(model)
         prefix = self.model_name + "/"
-        if model.startswith(prefix) and model[len(prefix):].isdigit():
+        if model.startswith(prefix) and VERSION_RE.fullmatch(model[len(prefix):]):
             slot = self._slots.get(int(model[len(prefix):]))
             if slot is None:
                 raise UnknownModel(f"model {model!r} is not loaded; loaded: {self.model_ids()}")

@@ -17,11 +17,12 @@ from datetime import datetime
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from rl_core import toolcalls
-from rl_core.schema import InteractionEvent, now_utc
+from rl_core.ids import IdError, check_text_id
+from rl_core.schema import INT32_MAX, InteractionEvent, TurnIndex, now_utc
 from rl_core.serving.backends.base import Sampling
 from rl_core.serving.metrics import Metrics
 from rl_core.serving.protocol import (
@@ -46,6 +47,14 @@ def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None) -> lis
     if hasattr(out, "keys"):
         out = out["input_ids"]
     return [int(t) for t in out]
+
+
+def _rendered(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    """prompt_ids, a template that cannot render these messages being the request's fault (400)."""
+    try:
+        return prompt_ids(tokenizer, messages, tools)
+    except Exception as exc:  # noqa: BLE001 - whatever the template raises
+        raise ApiError(400, f"messages cannot be rendered with the chat template: {exc}", param="messages") from None
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,9 @@ async def models(gw: Parts, _: Org) -> dict:
 
 @api.post("/v1/chat/completions")
 async def chat(request: Request, gw: Parts, org: Org, body: JsonBody):
-    """Validate, route to an engine (holding its lease), render the prompt, then answer or stream."""
+    """Validate everything the turn's logged row takes from the request (body, x-rtrl-* headers, metadata), route
+    to an engine (holding its lease), render the prompt, check the row-to-be, then answer or stream. A refused
+    request costs no generation, and a generated turn cannot fail its row for anything the request sent."""
     req, max_tokens = _chat_request(body, gw.serving)
     messages = [msg.model_dump(exclude_none=True) for msg in req.messages]
     user, session, turn_index = _identity(req, request, messages)
@@ -90,12 +101,13 @@ async def chat(request: Request, gw: Parts, org: Org, body: JsonBody):
     ts_request, t0 = now_utc(), time.perf_counter()
     event_id = str(uuid.uuid4())
     try:
-        ids = await run_in_threadpool(prompt_ids, lease.backend.tokenizer, messages, req.tools)
-    except Exception as exc:
+        ids = await run_in_threadpool(_rendered, lease.backend.tokenizer, messages, req.tools)
+        turn = Turn(event_id=event_id, org=org, user=user, session=session, turn_index=turn_index, req=req,
+                    messages=messages, ids=ids, sampling=sampling, ts_request=ts_request, t0=t0)
+        _precheck(turn, lease)
+    except Exception:
         lease.release()
-        raise ApiError(400, f"messages cannot be rendered with the chat template: {exc}", param="messages") from None
-    turn = Turn(event_id=event_id, org=org, user=user, session=session, turn_index=turn_index, req=req,
-                messages=messages, ids=ids, sampling=sampling, ts_request=ts_request, t0=t0)
+        raise
     headers = {"x-rtrl-event-id": event_id, "x-rtrl-model-version": str(lease.version), "x-rtrl-arm": lease.arm}
     if lease.adapter_version:
         headers["x-rtrl-adapter-version"] = lease.adapter_version
@@ -120,25 +132,51 @@ def _chat_request(body, serving) -> tuple[ChatRequest, int]:
     return req, max_tokens
 
 
+_TURN_INDEX = TypeAdapter(TurnIndex)
+
+
 def _identity(req: ChatRequest, request: Request, messages: list[dict]) -> tuple[str, str, int]:
     """user_id, session_id, turn_index from the OpenAI `user` field, x-rtrl-* headers or metadata.
 
-    Without a session id, one is derived from the user and the conversation's first message, so turns of
-    one conversation share it; turn_index defaults to the number of assistant turns before this one.
+    Every value given is checked (ids.check_text_id; turn_index an int32 >= 0), used or not, and a bad one is a
+    400 naming where it came from. Without a session id, one is derived from the user and the conversation's
+    first message, so turns of one conversation share it; turn_index defaults to the number of assistant turns
+    before this one.
     """
-    md = req.metadata or {}
-    h = request.headers
-    user = req.user or h.get("x-rtrl-user-id") or md.get("user_id") or "anonymous"
-    session = h.get("x-rtrl-session-id") or md.get("session_id")
+    md, h = req.metadata or {}, request.headers
+    given = {"user": req.user, "x-rtrl-user-id": h.get("x-rtrl-user-id"), "metadata.user_id": md.get("user_id"),
+             "x-rtrl-session-id": h.get("x-rtrl-session-id"), "metadata.session_id": md.get("session_id")}
+    for param, value in given.items():
+        if value:  # "" counts as absent, as it always has
+            try:
+                check_text_id(param, value)
+            except IdError as exc:
+                raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+    user = given["user"] or given["x-rtrl-user-id"] or given["metadata.user_id"] or "anonymous"
+    session = given["x-rtrl-session-id"] or given["metadata.session_id"]
     if not session:
         first = json.dumps(messages[0], sort_keys=True)
         session = "s-" + hashlib.sha256(f"{user}\n{first}".encode()).hexdigest()[:24]
-    turn = h.get("x-rtrl-turn-index") or md.get("turn_index")
-    if turn is None:
+    turns = {p: v for p, v in (("x-rtrl-turn-index", h.get("x-rtrl-turn-index")),
+                               ("metadata.turn_index", md.get("turn_index"))) if v}
+    for param, value in turns.items():
+        try:
+            turns[param] = _TURN_INDEX.validate_python(value)
+        except ValidationError:
+            raise ApiError(400, f"{param}: turn_index must be an integer in [0, {INT32_MAX}], got {value!r:.40}",
+                           param=param, code="invalid_value") from None
+    if not turns:
         return user, session, sum(1 for m in messages if m.get("role") == "assistant")
-    if not str(turn).isdigit():
-        raise ApiError(400, f"turn_index must be a non-negative integer, got {turn!r}", param="turn_index")
-    return user, session, int(turn)
+    return user, session, next(iter(turns.values()))  # the header wins over metadata
+
+
+def _precheck(turn: Turn, lease: Lease) -> None:
+    """The turn's row as it will be logged, less what generation adds, through the event contract: a value the
+    lake cannot hold (a prompt over MAX_TOKENS, messages too long to store) is refused before generating."""
+    try:
+        _row(turn, lease, [], [], "", [], None, None)
+    except ValidationError as exc:
+        raise validation_error(exc, "interaction") from None
 
 
 async def _complete(gw: GatewayParts, lease: Lease, turn: Turn, headers: dict[str, str]) -> JSONResponse:
@@ -151,7 +189,7 @@ async def _complete(gw: GatewayParts, lease: Lease, turn: Turn, headers: dict[st
     content, calls = toolcalls.parse(g.text) if req.tools else (g.text, [])
     finish = "tool_calls" if calls and g.finish_reason == "stop" else g.finish_reason
     t_log = time.perf_counter()
-    row = _row(turn, lease, g.token_ids, g.logprobs, g.text, calls, finish, g.ttft_ms)
+    row = _engine_row(turn, lease, g.token_ids, g.logprobs, g.text, calls, finish, g.ttft_ms)
     await gw.durable(gw.collector.log_interaction(row), "interactions", 1)
     m.logging.observe(time.perf_counter() - t_log)
     _observe(m, lease, len(g.token_ids), turn.t0)
@@ -192,8 +230,8 @@ def _stream(gw: GatewayParts, lease: Lease, turn: Turn):
         yield chunk(eid, model, created, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         finish = "tool_calls" if finish == "stop" else finish
     t_log = time.perf_counter()
-    row = _row(turn, lease, token_ids, logprobs, text, calls, finish, ttft)
     try:
+        row = _engine_row(turn, lease, token_ids, logprobs, text, calls, finish, ttft)
         t0 = time.perf_counter()
         gw.collector.log_interaction(row).result(timeout=30)
         m.ack.observe(time.perf_counter() - t0)
@@ -223,6 +261,17 @@ def _row(turn: Turn, lease: Lease, token_ids, logprobs, text, calls, finish, ttf
         latency_ms=(time.perf_counter() - turn.t0) * 1000, ttft_ms=ttft_ms,
         temperature=turn.sampling.temperature, top_p=turn.sampling.top_p)
     return ev.to_row()
+
+
+def _engine_row(turn: Turn, lease: Lease, token_ids, logprobs, text, calls, finish, ttft_ms) -> dict:
+    """_row after generation. Everything the request gave was checked before (_precheck), so a failure here is
+    the engine's output breaking the contract (a NaN logprob, say): a 500 that says so, never a traceback."""
+    try:
+        return _row(turn, lease, token_ids, logprobs, text, calls, finish, ttft_ms)
+    except ValidationError as exc:
+        detail = validation_error(exc, "interaction").message.removeprefix("invalid request: ")
+        raise ApiError(500, f"the engine's output breaks the event contract, so the turn was not logged: {detail}",
+                       code="unloggable_output") from None
 
 
 def _observe(m: Metrics, lease: Lease, n_tokens: int, t0: float) -> None:

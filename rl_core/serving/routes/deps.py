@@ -66,10 +66,12 @@ Org = Annotated[str, Depends(org_of)]
 
 
 async def json_body(request: Request, gw: Parts, _: Org) -> Any:
-    """The parsed JSON body, refused past serving.max_body_bytes (declared or streamed) with a 413."""
+    """The parsed JSON body, refused past serving.max_body_bytes (declared or streamed) with a 413, and with a 400
+    when it is not JSON, nests past the parser's limit, or holds a lone UTF-16 surrogate (valid JSON, but text
+    that UTF-8, the WAL and Parquet cannot carry), naming the field where it is."""
     limit = gw.serving.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit}", code="body_too_large")
     buf = bytearray()
     async for part in request.stream():
@@ -77,9 +79,45 @@ async def json_body(request: Request, gw: Parts, _: Org) -> Any:
         if len(buf) > limit:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
     try:
-        return json.loads(buf)
+        body = json.loads(buf)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
+    where = _unencodable(body)
+    if where is not None:
+        raise ApiError(400, f"{where or 'body'}: holds a lone UTF-16 surrogate (\\ud800 to \\udfff), which is not "
+                       "text UTF-8 can carry", param=where or None, code="invalid_value")
+    return body
+
+
+def _unencodable(body: Any) -> str | None:
+    """The dotted place of a string (key or value) UTF-8 cannot encode, else None. Iterative: a body nests as
+    deep as json.loads allowed. A bad key is shown escaped, since the 400's own JSON must encode."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            if not _utf8(v):
+                return where
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                key = k.encode("utf-8", "backslashreplace").decode("utf-8")
+                place = f"{where}.{key}" if where else key
+                if not _utf8(k):
+                    return place
+                stack.append((place, x))
+        elif isinstance(v, list):
+            stack.extend((f"{where}.{i}" if where else str(i), x) for i, x in enumerate(v))
+    return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 JsonBody = Annotated[Any, Depends(json_body)]

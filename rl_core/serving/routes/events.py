@@ -2,7 +2,9 @@
 (completions logged by another serving stack, e.g. a vLLM fleet).
 
 A body is one event, a list, or {"events": [...]}. It is validated whole before anything is stored,
-so a bad event answers a 4xx naming its place (`events[i]` in a batch) and changes nothing. The org
+so a bad event answers a 4xx naming its place (`events[i]` in a batch) and changes nothing. The event models
+(rl_core/schema.py) hold every field to what its Parquet column can store, so what is acknowledged here can
+always be compacted. The org
 comes from the token: an event naming another org is refused. Interactions are idempotent by event_id.
 """
 
@@ -84,6 +86,6 @@ def _org_field(item: dict, org: str, where: str) -> dict:
     """The event with the token's org: a body may repeat it or leave it out, never name another."""
     given = item.get("org_id")
     if given not in (None, "", org):
-        raise ApiError(400, f"{where}.org_id {given!r} differs from the token's org: the org comes from the token",
+        raise ApiError(400, f"{where}.org_id {given!r:.80} differs from the token's org: the org comes from the token",
                        param=f"{where}.org_id")
     return {**item, "org_id": org}
