@@ -191,3 +191,58 @@ def test_one_orgs_bad_rows_are_quarantined_without_refusing_the_others(cfg):
     with pytest.raises(GateFailed, match=r"completion logprobs all finite and <= 0 .*: 6 of"):
         gate_raw(cfg, START, END, "run-h2", known=KNOWN)
     assert not read_verdict(lake, "run-h2", "gate_raw").passed
+
+
+def test_scripted_run_one_hostile_org_between_another_orgs_normal_traffic(gw):
+    """Issue 44's scripted run: org-acme posts hostile events between org-globex's normal ones (the official
+    openai client for chat, /v1/interactions and /v1/feedback), and rows an older gateway acknowledged reach
+    the WAL. Every normal event reaches the lake; each hostile one is refused with a 4xx naming its field or
+    quarantined with its reason; a second compaction is clean."""
+    from openai import OpenAI
+
+    from rl_core.collect import quarantine
+    from rl_core.testing.synth import interaction_row
+
+    cfg, base, gateway = gw
+    globex = OpenAI(base_url=base + "/v1", api_key="rtrl-globex-token")
+    hostile_http = [
+        ("/v1/interactions", interaction(turn_index=2**40), {}, "interaction.turn_index"),
+        ("/v1/interactions", interaction(completion_logprobs=[-0.1, 1e9]), {}, "interaction.completion_logprobs"),
+        ("/v1/interactions", interaction(user_id="eve\nadmin"), {}, "interaction.user_id"),
+        ("/v1/interactions", interaction(model_version=2**70), {}, "interaction.model_version"),
+        ("/v1/chat/completions", CHAT, {"x-rtrl-user-id": "u" * 300}, "x-rtrl-user-id"),
+        ("/v1/chat/completions", CHAT | {"seed": 2**80}, {}, "seed"),
+        ("/v1/feedback", {"event_id": str(uuid.uuid4()), "kind": "thumbs", "value_bool": True,
+                          "ts": "2026-12-02T09:00:00+00:00", "feedback_id": "f" * 300}, {}, "feedback_id"),
+    ]
+    normal: list[str] = []
+    for i, (path, body, headers, field) in enumerate(hostile_http):
+        reply = globex.chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": f"add {i} and 1"}], max_tokens=4,
+            extra_headers={"x-rtrl-user-id": f"g{i}"})
+        normal.append(reply.headers["x-rtrl-event-id"])
+        r = post(gw, path, body, headers)
+        assert 400 <= r.status_code < 500 and field in r.text, (field, r.status_code, r.text[:200])
+        logged = interaction(user_id=f"g{i}", event_id=str(uuid.uuid4()))
+        gr = httpx.post(base + "/v1/interactions", json=logged, timeout=60,
+                        headers={"authorization": "Bearer rtrl-globex-token"})
+        assert gr.status_code == 200, gr.text
+        normal.append(logged["event_id"])
+    # what an older gateway acknowledged before the boundary existed: straight into the WAL
+    now = datetime(2026, 12, 2, 9, 30, tzinfo=timezone.utc)
+    old = [interaction_row(now, org_id="org-acme", turn_index=2**40),
+           interaction_row(now, org_id="org-acme", completion_token_ids=[1, 2**40])]
+    for row in old:
+        gateway.collector.log_interaction(row).result(timeout=30)
+    first = gateway.collector.compact_now()
+    lake = Lake(cfg.lake_root)
+    landed = {e for p in lake.list_files("raw/interactions") for e in pq.read_table(p, columns=["event_id"])
+              ["event_id"].to_pylist()}
+    assert set(normal) <= landed, "a normal event of org-globex did not reach the lake"
+    held = {r["event_id"]: r["reason"] for p in lake.list_files("quarantine/interactions")
+            for r in pq.read_table(p).to_pylist()}
+    assert {r["event_id"] for r in old} <= set(held) and all("ArrowInvalid" in held[r["event_id"]] for r in old)
+    assert quarantine.status(lake).count >= len(old) and first is not None
+    second = gateway.collector.compact_now()
+    assert quarantine.status(lake).count == len(held), "the second pass quarantined more"
+    assert gateway.collector.last_compaction_error is None and second is not None
