@@ -27,8 +27,19 @@ except ImportError:  # plugins folder not on sys.path
 
 from rl_core.config import load_config
 from rl_core.lake import Lake
-from rl_core.window import SCHEDULE_ANCHOR, CycleRun, resolve_window
+from rl_core.runtime.procs import private_state
+from rl_core.window import (
+    PARAM_TS_HELP,
+    PARAM_TS_MAX_LEN,
+    PARAM_TS_PATTERN,
+    SCHEDULE_ANCHOR,
+    CycleRun,
+    resolve_window,
+)
 
+# Every task process parses this file before it runs its task: from here on what it writes (lake files, verdicts,
+# reports, checkpoints) is its user's alone (umask 077), as under the `rtrl` command (rl_core/cli.py).
+private_state()
 AF = load_config().airflow
 
 
@@ -38,8 +49,10 @@ def window() -> dict:
 
     ctx = get_current_context()
     p = ctx["params"]
-    w = resolve_window(p, ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours)
-    policy = p.get("policy_version") or version_for_alias(load_config(), "champion")
+    cfg = load_config()
+    w = resolve_window(p, ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours,
+                       max_hours=cfg.harvest.max_window_hours)
+    policy = p.get("policy_version") or version_for_alias(cfg, "champion")
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
     return CycleRun(w, bool(p.get("dry_run")), int(policy), airflow_run_id=ctx["run_id"]).to_xcom(
@@ -102,9 +115,12 @@ def report(w: dict, orgs: list[str]) -> dict:
     tags=["rtrl", "orgs"],
     doc_md=__doc__,
     params={
-        "start": Param(None, type=["null", "string"], format="date-time", description="manual window start (UTC ISO)"),
-        "end": Param(None, type=["null", "string"], format="date-time", description="manual window end (UTC ISO)"),
-        "policy_version": Param(None, type=["null", "integer"], minimum=1, description="base version (default: champion)"),
+        "start": Param(None, type=["null", "string"], format="date-time", pattern=PARAM_TS_PATTERN,
+                       maxLength=PARAM_TS_MAX_LEN, description=PARAM_TS_HELP.format("start")),
+        "end": Param(None, type=["null", "string"], format="date-time", pattern=PARAM_TS_PATTERN,
+                     maxLength=PARAM_TS_MAX_LEN, description=PARAM_TS_HELP.format("end")),
+        "policy_version": Param(None, type=["null", "integer"], minimum=1, maximum=2**31 - 1,
+                                description="base version (default: champion)"),
         "min_episodes": Param(None, type=["null", "integer"], minimum=1, description="default: gates.min_episodes"),
         "dry_run": Param(False, type="boolean", description="train and evaluate, register nothing, move no alias"),
     },

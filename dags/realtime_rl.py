@@ -45,8 +45,19 @@ from rl_core.config import load_config
 from rl_core.lake import Lake
 from rl_core.pipeline import check_dag
 from rl_core.reports import read_verdict
-from rl_core.window import SCHEDULE_ANCHOR, CycleRun, resolve_window
+from rl_core.runtime.procs import private_state
+from rl_core.window import (
+    PARAM_TS_HELP,
+    PARAM_TS_MAX_LEN,
+    PARAM_TS_PATTERN,
+    SCHEDULE_ANCHOR,
+    CycleRun,
+    resolve_window,
+)
 
+# Every task process parses this file before it runs its task: from here on what it writes (lake files, verdicts,
+# reports, checkpoints) is its user's alone (umask 077), as under the `rtrl` command (rl_core/cli.py).
+private_state()
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
 
 EPISODES = Asset(name="rtrl_episodes", uri="x-rtrl://lake/runs/episodes", group="rtrl")
@@ -68,9 +79,8 @@ HEAVY = {"pool": AF.training_pool, "retries": 1, "retry_delay": timedelta(second
                         "tag in MLflow) from the params or the data interval; its return value shows both ids.")
 def window() -> dict:
     ctx = get_current_context()
-    w = resolve_window(
-        ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours
-    )
+    w = resolve_window(ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours,
+                       max_hours=load_config().harvest.max_window_hours)  # a longer window fails here, with why
     # Airflow 3 gives a task no way to set its run's note, so the two ids meet here (first log line and the
     # return value) and on the MLflow version and training run (tags airflow.run_id, run_id) at register.
     print(f"rtrl run {w.run_id}: window [{w.start.isoformat()}, {w.end.isoformat()}) of Airflow run {ctx['run_id']}")
@@ -236,9 +246,12 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
     tags=["rtrl"],
     doc_md=__doc__,
     params={
-        "start": Param(None, type=["null", "string"], format="date-time", description="manual window start (UTC ISO)"),
-        "end": Param(None, type=["null", "string"], format="date-time", description="manual window end (UTC ISO)"),
-        "policy_version": Param(None, type=["null", "integer"], minimum=1, description="version to update (default: champion)"),
+        "start": Param(None, type=["null", "string"], format="date-time", pattern=PARAM_TS_PATTERN,
+                       maxLength=PARAM_TS_MAX_LEN, description=PARAM_TS_HELP.format("start")),
+        "end": Param(None, type=["null", "string"], format="date-time", pattern=PARAM_TS_PATTERN,
+                     maxLength=PARAM_TS_MAX_LEN, description=PARAM_TS_HELP.format("end")),
+        "policy_version": Param(None, type=["null", "integer"], minimum=1, maximum=2**31 - 1,
+                                description="version to update (default: champion)"),
         "dry_run": Param(False, type="boolean", description="compute everything, move no alias, register nothing"),
         "map_hours": Param(None, type=["null", "integer"], minimum=0,
                            description="harvest in parts of this many hours, one task each (default: [harvest] map_hours)"),

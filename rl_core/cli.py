@@ -4,6 +4,11 @@ Each subcommand lives with the stage it drives: COMMANDS maps a name to "module:
 function takes an argparse parser, adds its arguments and sets `run` (a callable args -> exit code).
 Only the chosen subcommand's module is imported, so `rtrl --help` is instant and a stage that is not
 built yet answers "not implemented yet" with a non-zero exit, never a fake success.
+
+Every command passes one entry check here (check_args): its identifiers (--run-id, --org) by rl_core/ids.py's
+rule and its window (--start/--end) by [harvest] max_window_hours (rl_core/window.py), each refused with one
+line naming the argument, exit code 2. Everything it creates is its user's alone (umask 077, the home 0700:
+rl_core.runtime.procs.private_state), because the lake, the WAL and mlflow.db hold every organisation's traffic.
 """
 
 from __future__ import annotations
@@ -11,10 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+from datetime import datetime
 from typing import Any
 
 from rl_core.config import Config, ConfigError, load_config
+from rl_core.ids import IdError, check_org_id, check_run_id
+from rl_core.window import WindowError, check_window
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("rl_core.init:add_init", "convert the base model once and register it as version 1 (champion)"),
@@ -87,11 +96,37 @@ def main(argv: list[str] | None = None) -> int:
     if run is None:
         parser.parse_args([args.command, "--help"])
         return 2
+    from rl_core.runtime.procs import STATE_UMASK  # lazy: keeps rtrl --help fast (urllib, subprocess)
+
+    previous = os.umask(STATE_UMASK)  # before anything is created; private_state keeps it (and tightens the home)
     try:
+        check_args(args)
         return int(run(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, IdError, WindowError) as exc:
         print(f"rtrl {args.command}: {exc}", file=sys.stderr)
         return 2
+    finally:
+        os.umask(previous)  # for callers in-process (tests); a command's own process ends here anyway
+
+
+# argument (its dest) -> the flag that names it and the rule it must pass
+ID_ARGS = {"run_id": ("--run-id", check_run_id), "org": ("--org", check_org_id), "org_id": ("--org-id", check_org_id)}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The entry check of every command: identifiers by the one rule, a --start/--end window no longer than
+    [harvest] max_window_hours; the home made private. Raises IdError / WindowError / ConfigError."""
+    for dest, (flag, check) in ID_ARGS.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            check(value, flag)
+    from rl_core.runtime.procs import private_state
+
+    cfg = load_config()
+    private_state(cfg)
+    start, end = getattr(args, "start", None), getattr(args, "end", None)
+    if isinstance(start, datetime) and isinstance(end, datetime):
+        check_window(start, end, cfg.harvest.max_window_hours)
 
 
 # --- rtrl config ----------------------------------------------------------------------------------

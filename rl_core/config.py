@@ -31,6 +31,7 @@ from rl_core.config_sources import (
     flatten,
     format_errors,
 )
+from rl_core.window import MAX_WINDOW_HOURS
 
 PROFILES = ("default", "tiny")
 
@@ -99,6 +100,11 @@ class ServingConfig(Section):
     # start those spares when the gateway starts (champion weights, before it takes traffic), so that the first
     # challenger deploy is a weight swap too; costs one engine start at gateway start and one idle engine's memory
     prewarm_spare: bool = True
+    # org adapters on vLLM: engines start with --enable-lora and load each org's live adapter at runtime under its
+    # never-reused name (rl_core/orgs/serving.py); off: adapters are merged into transformers copies of their base
+    vllm_lora: bool = True
+    vllm_max_loras: int = Field(4, gt=0)  # adapters one batch may mix (vLLM --max-loras)
+    vllm_max_lora_rank: Literal[8, 16, 32, 64, 128, 256] = 16  # the largest adapter rank served (--max-lora-rank)
 
 
 class HarvestConfig(Section):
@@ -112,6 +118,9 @@ class HarvestConfig(Section):
     # sort ran out of memory once, before it sorted file numbers instead of file names (docs/benchmarks.md)
     duckdb_memory_limit: str = Field("3GB", pattern=r"^\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
     map_hours: int = Field(0, ge=0)  # harvest in parts of this many hours, a mapped DAG task each (0: one task)
+    # the longest window a run may harvest (rl_core/window.py check_window: the CLI's --start/--end, the DAGs'
+    # params): a harvest walks every hour partition of its window
+    max_window_hours: float = Field(MAX_WINDOW_HOURS, gt=0)
 
     @model_validator(mode="after")
     def _parts_keep_sessions(self) -> HarvestConfig:  # a session's outcome spans turns an hour's cut would split

@@ -49,6 +49,15 @@ def check_org_id(value: object, field: str = "org_id") -> str:
     return str(value)
 
 
+def is_org_id(value: object) -> bool:
+    """Does value pass check_org_id? (for filters over stored rows, which must skip rather than raise)"""
+    try:
+        check_org_id(value)
+    except IdError:
+        return False
+    return True
+
+
 def check_text_id(field: str, value: object, max_len: int = MAX_TEXT_ID) -> str:
     """A caller's own id (user, session): non-empty, at most max_len characters, no control characters."""
     if not isinstance(value, str) or not value:

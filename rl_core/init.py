@@ -14,6 +14,7 @@ from pathlib import Path
 from rl_core import models
 from rl_core.config import Config, load_config
 from rl_core.registry import card, promote, store
+from rl_core.runtime.procs import make_home, private_state
 
 
 @dataclass
@@ -25,6 +26,7 @@ class InitResult:
 
 
 def init(cfg: Config, check_generation: bool = True) -> InitResult:
+    make_home(cfg)
     ckpt = models.base_checkpoint(cfg)
     sample = models.smoke_generate(ckpt) if check_generation else ""
     champion = store.version_for_alias(cfg, "champion")
@@ -49,6 +51,7 @@ def add_init(p: argparse.ArgumentParser) -> None:
 
 def _run(args) -> int:
     cfg = load_config()
+    private_state(cfg, create_home=True)  # the rtrl command set it already; this is what `rtrl init` relies on
     t0 = time.time()
     r = init(cfg, check_generation=not args.no_check)
     state = "registered" if r.created else "already registered"

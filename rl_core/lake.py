@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rl_core.config import Config
+from rl_core.ids import check_run_id
 
 RAW_TABLES = ("interactions", "feedback")
 
@@ -44,8 +45,7 @@ class RunDir:
     run_id: str
 
     def __post_init__(self) -> None:
-        if not self.run_id or "/" in self.run_id or self.run_id.startswith("."):
-            raise ValueError(f"run_id {self.run_id!r} must be a plain name")
+        check_run_id(self.run_id)  # the one rule (rl_core/ids.py): a plain name of at most MAX_ID characters
 
     @property
     def root(self) -> str:
@@ -107,7 +107,7 @@ class Lake:
 
     @staticmethod
     def run(run_id: str) -> RunDir:
-        """The run's folder layout (the run id validated: a plain name)."""
+        """The run's folder layout (the run id validated: rl_core.ids.check_run_id, else IdError)."""
         return RunDir(run_id)
 
     # --- writes -----------------------------------------------------------------------------------

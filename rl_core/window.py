@@ -7,7 +7,10 @@ interval into the harvest window and its run id, and `rtrl cycle` names its run 
 grid: a window that straddles two scheduled ones harvests turns they harvest too (Airflow's own delta
 timetable floors to multiples of the period since 1970, which for 5 h is one hour off this anchor).
 A manual run may still name any window with the start/end params; the episode ledger (rl_core/ledger.py)
-keeps overlapping windows from training an episode twice.
+keeps overlapping windows from training an episode twice. A window is at most `[harvest] max_window_hours`
+long (check_window, the one check: resolve_window for the DAGs, rl_core/cli.py for every command's
+--start/--end): a harvest walks every hour partition of its window, and the DAG's params alone once let
+a manual run name the years 0001 to 9999.
 
 Stdlib only: the timetable plugin imports this in the scheduler and the API server.
 """
@@ -18,8 +21,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rl_core.ids import check_run_id
+
 # The schedule's anchor: windows are [ANCHOR + k*schedule, ANCHOR + (k+1)*schedule), UTC.
 SCHEDULE_ANCHOR = datetime(2026, 1, 1, tzinfo=UTC)
+# The longest window a run may harvest, unless [harvest] max_window_hours says otherwise: a week of hours.
+MAX_WINDOW_HOURS = 168
+# What a DAG's start/end params accept at trigger time (JSON schema: an ECMA regex, which Airflow runs with Python's
+# re.search): an ISO-8601 timestamp of the years 2000-2099 with its timezone (Z or +HH:MM); the run's window task
+# then applies check_window. (?!.*\s): no white space anywhere, since `$` also matches before a final newline.
+PARAM_TS_PATTERN = (r"^(?!.*\s)20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?"
+                    r"(Z|[+-][0-2][0-9]:[0-5][0-9])$")
+PARAM_TS_MAX_LEN = 32
+PARAM_TS_HELP = ("manual window {} (UTC ISO 8601 with its timezone, e.g. 2026-12-02T10:00:00+00:00; a window is at "
+                 "most [harvest] max_window_hours long)")
+
+
+class WindowError(ValueError):
+    """A window that cannot be harvested (empty, reversed, or longer than harvest.max_window_hours)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +46,11 @@ class Window:
     start: datetime
     end: datetime
     run_id: str
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+        if self.end <= self.start:
+            raise WindowError(f"window end {self.end.isoformat()} must be after start {self.start.isoformat()}")
 
     def to_xcom(self, **extra: Any) -> dict[str, Any]:
         """The window as a task's return value (JSON: ISO timestamps), with the run's other values."""
@@ -82,7 +106,20 @@ def _parse_ts(name: str, value: Any) -> datetime:
             raise ValueError(f"param {name}={value!r}: not an ISO-8601 timestamp") from None
     if ts.tzinfo is None:
         raise ValueError(f"param {name}={value!r}: needs a timezone (e.g. 2026-12-02T10:00:00+00:00)")
-    return ts.astimezone(UTC)
+    try:
+        return ts.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 shifted past the calendar's end by its offset
+        raise ValueError(f"param {name}={value!r}: out of range") from None
+
+
+def check_window(start: datetime, end: datetime, max_hours: float = MAX_WINDOW_HOURS) -> None:
+    """Refuse a window that is empty, reversed, or longer than max_hours ([harvest] max_window_hours)."""
+    if end <= start:
+        raise WindowError(f"window end {end.isoformat()} must be after start {start.isoformat()}")
+    if end - start > timedelta(hours=max_hours):
+        hours = (end - start) / timedelta(hours=1)
+        raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) spans {hours:g} hours; at most "
+                          f"{max_hours:g} allowed (harvest.max_window_hours; RTRL_HARVEST__MAX_WINDOW_HOURS)")
 
 
 def _stamp(ts: datetime) -> str:
@@ -122,9 +159,11 @@ def resolve_window(
     interval_end: datetime | None,
     schedule_hours: int,
     now: datetime | None = None,
+    max_hours: float = MAX_WINDOW_HOURS,
 ) -> Window:
     """The harvest window: the `start`/`end` params when given, else the data interval, else the last
-    complete scheduled interval (a manual trigger without a logical date has no data interval)."""
+    complete scheduled interval (a manual trigger without a logical date has no data interval). A window
+    longer than max_hours (the DAGs pass [harvest] max_window_hours) is refused with WindowError."""
     start, end = params.get("start"), params.get("end")
     if (start is None) != (end is None):
         raise ValueError("params start and end go together: give both or neither")
@@ -135,6 +174,5 @@ def resolve_window(
     else:
         e = latest_window_end(now or datetime.now(UTC), schedule_hours)
         s = e - timedelta(hours=schedule_hours)
-    if e <= s:
-        raise ValueError(f"window end {e.isoformat()} must be after start {s.isoformat()}")
+    check_window(s, e, max_hours)
     return Window(s, e, run_id_for(s, e, schedule_hours))

@@ -150,7 +150,7 @@ def test_sigterm_to_rtrl_train_stops_its_trainer(registered, own_processes):
         while not trainer_running():
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the trainer never started"
-            time.sleep(0.1)
+            time.sleep(0.02)  # SIGTERM as soon as the trainer shows: the moment `rtrl train` may not yet know it
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
         assert proc.returncode == 143
@@ -159,3 +159,40 @@ def test_sigterm_to_rtrl_train_stops_its_trainer(registered, own_processes):
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(0.5)  # SIGKILL of the group is asynchronous
     assert not own_processes(), "the trainer outlived `rtrl train`"
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_before_a_child_is_registered_still_stops_it(own_processes, tmp_path):
+    """Issue 44 item 8: a SIGTERM that lands after a job's child exists but before the `try` whose `finally`
+    stops it (inside subprocess.Popen, or while the deadline timer's thread starts) left the trainer running,
+    reparented to init, in its own session: `make test` saw it under load as "the trainer outlived `rtrl
+    train`". exit_on_sigterm must stop every session child its block started, wherever the signal landed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "unregistered.py"
+    script.write_text(
+        "import os, signal, subprocess, sys, time\n"
+        "from rl_core.runtime.procs import exit_on_sigterm\n"
+        "with exit_on_sigterm():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        "    print(child.pid, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)  # no try/finally knows the child yet\n"
+        "    time.sleep(60)\n")
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err = proc.communicate(timeout=60)
+    child = int(out.split()[0])
+    try:
+        assert proc.returncode == 143, err
+        assert not own_processes(), f"the child outlived its parent's SIGTERM:\n{err}"
+        assert f"stopping process groups [{child}]" in err
+    finally:
+        if own_processes():
+            os.killpg(child, signal.SIGKILL)
+            time.sleep(0.2)

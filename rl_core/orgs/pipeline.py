@@ -13,7 +13,6 @@ tasks (rl_core/orgs/tasks.py; verdict "eval_org"), both paired against the champ
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ from evals.report import markdown
 from evals.runner import results_table, run_suite
 from rl_core.config import Config
 from rl_core.harvest import HarvestResult, harvest
+from rl_core.ids import IdError, check_org_id, is_org_id
 from rl_core.lake import Lake
 from rl_core.orgs.tasks import org_tasks
 from rl_core.registry.store import checkpoint_path
@@ -35,16 +35,17 @@ from rl_core.reports import Verdict, write_verdict
 from rl_core.rewards import score_run
 from rl_core.train.launch import train
 
-ORG_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
 
 class OrgError(ValueError):
     """An organisation cannot get an adapter (bad id, opted out, too little data); the message says which."""
 
 
 def check_org(cfg: Config, org_id: str) -> str:
-    if not isinstance(org_id, str) or not ORG_ID.fullmatch(org_id):
-        raise OrgError(f"org_id {org_id!r} must be a plain name (letters, digits, _ -)")
+    """org_id under the one rule for org ids (rl_core.ids.check_org_id), and not opted out; else OrgError."""
+    try:
+        check_org_id(org_id)
+    except IdError as exc:
+        raise OrgError(str(exc)) from None
     if org_id in cfg.harvest.opt_out_orgs:
         raise OrgError(f"org_id {org_id!r} opted out of training (harvest.opt_out_orgs)")
     return org_id
@@ -71,7 +72,7 @@ def eligible_orgs(cfg: Config, run_id: str, min_episodes: int | None = None) -> 
     counts = orgs.group_by("org_id").aggregate([("org_id", "count")]).to_pylist()
     return {r["org_id"]: r["org_id_count"] for r in sorted(counts, key=lambda r: r["org_id"])
             if r["org_id"] is not None and r["org_id_count"] >= need and r["org_id"] not in cfg.harvest.opt_out_orgs
-            and ORG_ID.fullmatch(r["org_id"])}
+            and is_org_id(r["org_id"])}
 
 
 def prepare_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,

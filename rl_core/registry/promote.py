@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rl_core.config import Config
+from rl_core.ids import mlflow_filter_value
 from rl_core.registry import store
 from rl_core.reports import Verdict
 
@@ -40,7 +41,7 @@ class AliasMove:
 
 def _all_versions(cfg: Config):
     c = store.client(cfg)
-    return c.search_model_versions(f"name='{cfg.mlflow.model_name}'")
+    return c.search_model_versions(f"name={mlflow_filter_value(cfg.mlflow.model_name)}")
 
 
 def history(cfg: Config, alias: str = "champion") -> list[AliasMove]:

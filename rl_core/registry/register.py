@@ -18,7 +18,6 @@ whose episodes another run of the lineage already consumed is refused with Episo
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 
 from rl_core import ledger
 from rl_core.config import Config
+from rl_core.ids import IdError, check_run_id, mlflow_filter_value
 from rl_core.lake import Lake
 from rl_core.registry import card, store
 from rl_core.reports import read_verdicts
@@ -33,7 +33,6 @@ from rl_core.train.launch import summary_metrics
 
 CHECKPOINT_KEYS = ("checkpoint", "checkpoint_dir", "checkpoint_path")
 PARENT_KEYS = ("base_version", "parent_version")
-RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:+-]*")  # also safe inside an MLflow filter string
 
 
 class RegisterError(ValueError):
@@ -46,7 +45,7 @@ def find_version(cfg: Config, run_id: str) -> int | None:
 
     try:
         found = store.client(cfg).search_model_versions(
-            f"name='{cfg.mlflow.model_name}' and tags.run_id = '{run_id}'"
+            f"name={mlflow_filter_value(cfg.mlflow.model_name)} and tags.run_id = {mlflow_filter_value(run_id)}"
         )
     except MlflowException:
         return None
@@ -137,8 +136,10 @@ def register_run(cfg: Config, run_id: str, tags: dict[str, str] | None = None) -
     """The run's checkpoint as a new version of cfg.mlflow.model_name (or the version it already has), its
     episodes recorded as consumed. tags: more tags for the version and its MLflow run (e.g. the Airflow run);
     they never replace a lineage tag. Raises EpisodesConsumed when other runs already trained on them."""
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-        raise RegisterError(f"run_id {run_id!r} must be a plain name (letters, digits, _ . : + -)")
+    try:
+        check_run_id(run_id)
+    except IdError as exc:
+        raise RegisterError(str(exc)) from None
     existing = find_version(cfg, run_id)
     if existing is not None:  # a rerun; it also records the episodes if a crash came between the two writes
         parent = store.get_version(cfg, existing).tags.get("parent_version")

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from rl_core.config import Config
+from rl_core.ids import mlflow_filter_value
 from rl_core.schema import now_utc
 
 CHECKPOINT_ARTIFACT = "checkpoint"
@@ -33,7 +34,7 @@ def client(cfg: Config):
 
     uri = cfg.tracking_uri
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri[len("sqlite:///"):]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the home, usually
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -179,7 +180,7 @@ def aliases(cfg: Config) -> dict[str, int]:
 
 def known_versions(cfg: Config) -> list[int]:
     """Every version number of the registered model, ascending (empty before `rtrl init`)."""
-    found = client(cfg).search_model_versions(f"name='{cfg.mlflow.model_name}'")
+    found = client(cfg).search_model_versions(f"name={mlflow_filter_value(cfg.mlflow.model_name)}")
     return sorted(int(v.version) for v in found)
 
 

@@ -1,5 +1,6 @@
 """Child processes of `rtrl cycle` / `rtrl experiment` (gateway, Airflow, MLflow UI, jobs): each runs in its own
-session and is stopped by process group (stop_group), so nothing is left holding a port or a GPU."""
+session and is stopped by process group (stop_group), so nothing is left holding a port or a GPU; and what an
+rtrl process writes is its user's alone (private_state: umask 077, the home 0700)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import REPO_ROOT
+from rl_core.config import REPO_ROOT, Config
 
 
 @contextlib.contextmanager
@@ -27,13 +28,21 @@ def exit_on_sigterm() -> Iterator[None]:
     previous handler comes back on the way out (tests call the CLI in-process).
     The exit code stays 143 even when the unwinding trips: the SystemExit lands wherever the main thread was
     (inside an MLflow session, an import, a cleanup), and a `finally` there may raise something else in its
-    place. A caller that got SIGTERM must still see "terminated", not a traceback's 1."""
+    place. A caller that got SIGTERM must still see "terminated", not a traceback's 1.
+    Wherever it lands, no child outlives us: a SIGTERM inside subprocess.Popen (after the fork, before it
+    returns) or between Popen and the `try` whose `finally` stops it leaves a child no cleanup knows of (a
+    trainer holding its GPU, issue 44 item 8). So once the unwinding is done, every child this block started
+    in a session of its own that is still there has its process group stopped (stop_new_children). A second
+    SIGTERM while unwinding is ignored: it would cut short the cleanups the first one asked for."""
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers
         return
     got: list[int] = []
+    before = session_children()
 
     def terminate(*_) -> None:
+        if got:
+            return  # already unwinding
         got.append(1)
         sys.exit(143)
 
@@ -46,7 +55,97 @@ def exit_on_sigterm() -> Iterator[None]:
         print(f"[rtrl] stopping after SIGTERM, the unwinding raised {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(143) from exc
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            if got:
+                stop_new_children(before)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def session_children() -> set[tuple[int, int]]:
+    """(pid, start time) of this process's children that lead a process group of their own (started with
+    start_new_session): the ones a signal to us never reaches. Linux /proc; empty elsewhere."""
+    me, out = os.getpid(), set()
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return out
+    for e in entries:
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ... starttime (22nd)
+        if int(fields[1]) == me and int(fields[2]) == int(e):
+            out.add((int(e), int(fields[19])))
+    return out
+
+
+def stop_new_children(before: set[tuple[int, int]], grace_s: float = 5.0) -> list[int]:
+    """Stop the process group of every session child that is not in `before` (session_children()), reaping
+    the leaders (our children); returns their pids."""
+    pids = sorted(pid for pid, _ in session_children() - before)
+
+    def reap() -> None:
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+    if pids:
+        print(f"[rtrl] stopping process groups {pids} left running after SIGTERM", file=sys.stderr)
+        stop_group(pids, grace_s, reap=reap)
+    return pids
+
+
+# --- this process's files: private state -----------------------------------------------------------------
+
+# What rtrl creates under its home is its user's alone: the lake, the WAL and mlflow.db hold every organisation's
+# raw traffic, and a sandboxed program (or any other uid on the host) must read none of it.
+STATE_UMASK = 0o077
+
+
+def private_state(cfg: Config | None = None, create_home: bool = False) -> int:
+    """From now on every file and folder this process creates is its user's alone (umask 077: files 0600,
+    folders 0700); with cfg, its home folder is 0700 too (make_home). Returns the previous umask. Each entry
+    point calls it early: the `rtrl` command, the gateway process, the DAGs' task processes, `rtrl init`."""
+    previous = os.umask(STATE_UMASK)
+    if cfg is not None:
+        make_home(cfg, create=create_home)
+    return previous
+
+
+def make_home(cfg: Config, create: bool = True) -> Path:
+    """cfg's home folder, 0700: created so (when create), or tightened when it exists with wider modes and is
+    ours (made by an older rtrl, or by hand), since what is inside is reached only through it. Left as it is
+    when something near its top belongs to another account, whose server must still reach it (the dev stack's
+    PostgreSQL cluster in stack/pg, made by an older rtrl as the `postgres` user): what rtrl writes in it from
+    now on is private anyway (the umask)."""
+    home = cfg.home_path
+    if create:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        st = home.stat()
+    except FileNotFoundError:
+        return home  # made later by whatever writes first, under the umask
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077 and not _foreign_entries(home, st.st_uid):
+        home.chmod(0o700)
+    return home
+
+
+def _foreign_entries(home: Path, uid: int, depth: int = 2) -> list[Path]:
+    out, level = [], [home]
+    for _ in range(depth):
+        below = []
+        for folder in level:
+            with contextlib.suppress(OSError):
+                for e in os.scandir(folder):
+                    if e.stat(follow_symlinks=False).st_uid != uid:
+                        out.append(Path(e.path))
+                    elif e.is_dir(follow_symlinks=False):
+                        below.append(Path(e.path))
+        level = below
+    return out
 
 
 def free_port() -> int:

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from rl_core.collect.collector import Collector
 from rl_core.config import Config
 from rl_core.registry import store
+from rl_core.runtime.procs import private_state
 from rl_core.serving.app import create_app
 from rl_core.serving.backends import make_backend, vllm_available
 from rl_core.serving.router import Router
@@ -113,7 +114,9 @@ class _ClosingServer(uvicorn.Server):
 
 
 def run(cfg: Config, host: str, port: int, backend: str | None = None) -> None:
-    """Serve in the foreground until SIGINT/SIGTERM, then drain requests and close everything."""
+    """Serve in the foreground until SIGINT/SIGTERM, then drain requests and close everything. The WAL and the
+    lake partitions it writes hold every org's raw traffic: they are this user's alone (umask 077)."""
+    private_state(cfg)
     gw = build_gateway(cfg, backend)
     try:
         _ClosingServer(uvicorn.Config(gw.app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30),

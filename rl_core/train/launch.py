@@ -30,6 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, field_validator
 
 from rl_core.config import REPO_ROOT, Config, load_config
+from rl_core.ids import check_run_id, mlflow_filter_value
 from rl_core.lake import Lake, lake_from_config
 from rl_core.registry import store
 from rl_core.reports import GateFailed, Verdict, write_verdict
@@ -150,7 +151,7 @@ def _mlflow_run(cfg: Config, run_id: str, params: dict) -> str:
     so a resumed or retried run continues its curves."""
     c, exp = store.client(cfg), store.experiment_id(cfg)
     name = f"train-{run_id}"
-    found = c.search_runs([exp], filter_string=f"tags.run_id = '{run_id}'", max_results=1)
+    found = c.search_runs([exp], filter_string=f"tags.run_id = {mlflow_filter_value(run_id)}", max_results=1)
     if found:
         c.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
@@ -215,7 +216,9 @@ def check(cfg: Config, s: TrainSummary) -> Verdict:
 
 def train(cfg: Config, run_id: str, base_version: int) -> TrainSummary:
     """Update version `base_version` on runs/<run_id>'s episodes; the new policy lands in
-    cfg.models_dir/runs/<run_id>/checkpoint. See the module docstring for errors and reruns."""
+    cfg.models_dir/runs/<run_id>/checkpoint. See the module docstring for errors and reruns. A run id that
+    breaks rl_core.ids' rule raises IdError before anything is read or written."""
+    check_run_id(run_id)
     lake = lake_from_config(cfg)
     load_samples(lake, run_id, cfg.train)  # bad input fails here, before anything is written (DataError)
     base_dir = store.checkpoint_path(cfg, base_version)
