@@ -9,7 +9,8 @@ under `runs/<run_id>/` (every stage is idempotent). The `window` task's return v
 beside the Airflow run id.
 
 Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (plan, part mapped over the
-window's parts, harvest, gate_raw, gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate ->
+window's parts, harvest, gate_raw, exclude (drops a quarantined org's
+episodes), gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate ->
 promote (register, gate_promotion, deploy). With `[harvest] map_hours` set, `part` maps over the window's
 hours on as many workers and `harvest` merges them (the same episodes as one task). The live challenger is
 judged first: the hacking monitors on every turn the window served, then, only if they pass, the A/B verdict
@@ -189,6 +190,16 @@ def harvest(w: dict, parts: list[dict]) -> dict:
     return replace(run, policy_version=r.policy_version).to_xcom(episodes=int(r.n_episodes))
 
 
+@task(**IO_RETRIES, doc_md="Drop the episodes of an org that gate_raw quarantined (its rows alone broke row-level "
+                           "checks), so one org's bad data never refuses the others' window.")
+def exclude(w: dict) -> int:
+    from rl_core.exclude import exclude as drop  # lazy: keeps DAG parsing light
+
+    n = drop(load_config(), CycleRun.from_xcom(w).run_id)
+    print(f"exclude: {n} episodes of quarantined orgs dropped" if n else "exclude: no org quarantined")
+    return n
+
+
 @task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
 def score(w: dict) -> dict:
     from rl_core.rewards import score_run  # lazy: keeps DAG parsing light
@@ -275,7 +286,7 @@ def realtime_rl():
                                         doc_md="GX suite on the window's raw events; fails with the report.")
         g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw,
                                        doc_md="GX suite on episodes.parquet (lengths, logprobs, version lag).")
-        g_raw >> g_ep
+        g_raw >> exclude(hw) >> g_ep
     with TaskGroup("rewards", tooltip="rewards + gate"):
         sc = score(hw)
         g_rw = DataQualityGateOperator(task_id="gate_rewards", check="gate_rewards", window=hw,

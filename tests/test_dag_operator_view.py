@@ -24,7 +24,7 @@ WINDOW_END = datetime(2026, 12, 2, 10, tzinfo=UTC)  # logical date -> data inter
 RUN_ID = "cycle-20261202T1000"
 MANUAL = {"start": "2026-12-02T04:30:00+00:00", "end": "2026-12-02T10:30:00+00:00"}  # around the traffic
 MANUAL_RUN = "cycle-20261202T0430-20261202T1030"
-AFTER_HARVEST = ["harvest.gate_raw", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards",
+AFTER_HARVEST = ["harvest.gate_raw", "harvest.exclude", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards",
                  "train.train", "evaluate.evaluate", "promote.register",
                  "promote.gate_promotion", "promote.deploy"]
 

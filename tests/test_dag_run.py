@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 WINDOW_END = datetime(2026, 12, 2, 10, tzinfo=UTC)  # logical date -> data interval [05:00, 10:00)
 RUN_ID = "cycle-20261202T1000"
-DOWNSTREAM_OF_GATE_RAW = ["harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion",
+DOWNSTREAM_OF_GATE_RAW = ["harvest.exclude", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate", "promote.register", "promote.gate_promotion",
                           "promote.deploy"]
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rl_core.exclude import exclude
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.quality import gate_episodes, gate_raw
@@ -182,6 +183,9 @@ def test_one_orgs_bad_rows_are_quarantined_without_refusing_the_others(cfg):
     assert q["interactions"] == 3 and "completion logprobs all finite and <= 0" in " ".join(q["reasons"])
     assert bad_ids[0] in " ".join(q["reasons"])
     assert read_verdict(lake, "run-h", "gate_raw").details["quarantined"].keys() == {"org-mallory"}
+    assert "org-mallory" in lake.read_parquet("runs/run-h/episodes.parquet")["org_id"].to_pylist(), \
+        "the gate only judges: the exclude stage drops the episodes"
+    assert exclude(cfg, "run-h") == 3 and exclude(cfg, "run-h") == 0  # a rerun drops nothing more
     orgs = set(lake.read_parquet("runs/run-h/episodes.parquet")["org_id"].to_pylist())
     assert orgs == {"org-acme", "org-globex", "org-initech"}, "the good orgs' episodes go through, mallory's do not"
     assert gate_episodes(cfg, "run-h").passed

@@ -14,11 +14,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rl_core.config import Config
-from rl_core.duck import bind_files, connect, load_sql, write_stream
+from rl_core.duck import bind_files, connect, load_sql
 from rl_core.harvest import episodes_path, read_manifest, utc
 from rl_core.lake import Lake
 from rl_core.quality.gx import Check, Outcome, unexpected, validate
@@ -102,9 +101,8 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
     version, ...) that only one org's rows break is that org's fault: its rows are all it can write (the org comes
     from the bearer token), and the gateway now refuses such values, so they got in by a corruption or a broken
     logging stack of that org. That org is quarantined for this window: named with counts, reasons and example
-    ids in the verdict's details["quarantined"], its episodes dropped from runs/<run_id>/episodes.parquet (the
-    gate that decides is the one place that can keep them from training), and the rest of the window judged as
-    usual. A whole org rather than its bad rows, because a stack that logged some rows wrong cannot be trusted
+    ids in the verdict's details["quarantined"], and the rest of the window judged as usual; the next stage
+    (rl_core/exclude.py) drops its episodes before anything downstream reads them (a gate only judges). A whole org rather than its bad rows, because a stack that logged some rows wrong cannot be trusted
     for the rest, and no threshold is left to tune. The gate still fails on window-level defects (schema, no
     interactions, duplicated ids: the collector's), when the same row-level defect shows in two or more orgs'
     rows (then the fault is the house's: the engine, the WAL, compaction), and when no other org's rows are
@@ -135,8 +133,6 @@ def gate_raw(cfg: Config, start: datetime, end: datetime, run_id: str,
                                        "the window has interactions")] + irows
     outcomes = [validate(idf, icheck, "raw_interactions"),
                 validate(fdf, _ids("feedback_id") + frows, "raw_feedback", "feedback_id")]
-    if quarantined and all(o.success for o in outcomes):
-        details["episodes_quarantined"] = _drop_orgs(lake, run_id, sorted(quarantined))
     return _finish(lake, run_id, "gate_raw", outcomes, [], details)
 
 
@@ -215,31 +211,6 @@ def _org_reasons(df, checks: list[Check], id_column: str) -> list[str]:
             ids = ", ".join(str(x) for x in df.loc[m, id_column].head(3))
             out.append(f"{c.why}: {int(m.sum())} of {len(df)} rows ({id_column} {ids})")
     return out
-
-
-def _drop_orgs(lake: Lake, run_id: str, orgs: list[str]) -> int | None:
-    """Rewrite runs/<run_id>/episodes.parquet without the quarantined orgs' episodes (streamed, atomic) and
-    harvest.json's counts to match. Returns the episodes dropped; None before any harvest (nothing to drop).
-    A rerun finds none left and writes nothing."""
-    path = episodes_path(lake, run_id)
-    if not lake.exists(path):
-        return None
-    drop = pa.array(orgs, pa.string())
-    with lake.fs.open(lake.path(path), "rb") as f:
-        org_col = pq.read_table(f, columns=["org_id"])["org_id"]
-        n_drop = int(pc.sum(pc.is_in(org_col, value_set=drop)).as_py() or 0)
-    if n_drop == 0:
-        return 0
-    with lake.fs.open(lake.path(path), "rb") as f:
-        batches = (b.filter(pc.invert(pc.fill_null(pc.is_in(b["org_id"], value_set=drop), False)))
-                   for b in pq.ParquetFile(f).iter_batches(batch_size=65_536))
-        _, n_rows, n_fb = write_stream(lake, path, batches, EPISODES_SCHEMA)
-    manifest = read_manifest(lake, run_id)
-    if manifest is not None:
-        manifest |= {"n_episodes": n_rows, "n_with_feedback": n_fb, "quarantined_orgs": orgs,
-                     "n_quarantined": manifest.get("n_quarantined", 0) + n_drop}
-        lake.write_json(lake.run(run_id).manifest, manifest)
-    return n_drop
 
 
 def gate_episodes(cfg: Config, run_id: str) -> Verdict:

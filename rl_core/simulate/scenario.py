@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from rl_core.config import Config
+from rl_core.exclude import exclude
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.pipeline import judge
@@ -80,14 +81,15 @@ def _stage(stages: list[StageOutcome], name: str, fn, *args) -> Any:
 
 
 def check_window(cfg: Config, run_id: str, start: datetime, end: datetime, policy_version: int, parent: int) -> list[StageOutcome]:
-    """harvest -> gate_raw -> gate_episodes -> rewards -> gate_rewards -> monitors on one window: the cycle's
+    """harvest -> gate_raw -> exclude -> gate_episodes -> rewards -> gate_rewards -> monitors on one window: the cycle's
     gates by their one definition (rl_core.pipeline), each recorded rather than raised so all report. The
     monitors read this run's own harvest, which holds every planted version (policy_version is the newest)."""
     values = {"run_id": run_id, "start": start, "end": end, "parent_version": parent}
     stages: list[StageOutcome] = []
     _stage(stages, "harvest", harvest, cfg, start, end, policy_version, run_id)
-    for name in ("gate_raw", "gate_episodes"):
-        _stage(stages, name, judge, cfg, name, values)
+    _stage(stages, "gate_raw", judge, cfg, "gate_raw", values)
+    _stage(stages, "exclude", exclude, cfg, run_id)
+    _stage(stages, "gate_episodes", judge, cfg, "gate_episodes", values)
     _stage(stages, "rewards", score_run, cfg, run_id)
     _stage(stages, "gate_rewards", judge, cfg, "gate_rewards", values)
     _stage(stages, "monitors", run_monitors, cfg, run_id, parent)
