@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from evals import sandbox
+from evals.judge import judge
 from evals.policies import Policy
 from evals.tasks import Task
-from evals.judge import judge
 from evals.tools import Workspace, openai_tools
 from rl_core.simulate.features import Answer, code_block
 

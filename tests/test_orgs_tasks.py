@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from evals.sandbox import Limits
 from evals.judge import judge
+from evals.sandbox import Limits
 from rl_core.config import Preference
 from rl_core.orgs.tasks import CONVENTION_TEST, org_tasks
 

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from rl_core.config import Config
+from rl_core.ids import mlflow_filter_value
 from rl_core.lake import Lake
 from rl_core.registry import card, store
 
@@ -92,7 +93,7 @@ def publish(cfg: Config, result) -> None:
 
     c = store.client(cfg)
     exp = store.experiment_id(cfg, "ab")
-    found = c.search_runs([exp], filter_string=f"tags.ab_window = '{key}'", max_results=1)
+    found = c.search_runs([exp], filter_string=f"tags.ab_window = {mlflow_filter_value(key)}", max_results=1)
     run_id = found[0].info.run_id if found else c.create_run(exp, run_name=f"ab-{key}",
                                                             tags={"ab_window": key, "kind": "ab"}).info.run_id
     tags = {"decision": result.decision, "champion_version": result.champion_version,

@@ -47,26 +47,28 @@ def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: 
     timer stops the group by id and leaves the reaping to the loop below."""
     proc = _popen(cmd, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                   text=True, errors="replace", bufsize=1)
-    if on_start is not None:
-        on_start(proc)
-    timed_out = threading.Event()
+    try:  # at once: a SIGTERM from here on stops the group (before it, procs.exit_on_sigterm's sweep does)
+        timed_out = threading.Event()
 
-    def deadline() -> None:  # a silent hang must end too: the deadline does not wait for output
-        timed_out.set()
-        stop_group(proc.pid, grace_s)
+        def deadline() -> None:  # a silent hang must end too: the deadline does not wait for output
+            timed_out.set()
+            stop_group(proc.pid, grace_s)
 
-    timer = threading.Timer(timeout_s, deadline)
-    timer.daemon = True
-    timer.start()
-    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    assert proc.stdout is not None
-    try:
+        timer = threading.Timer(timeout_s, deadline)
+        timer.daemon = True
+        if on_start is not None:
+            on_start(proc)
+        timer.start()
+        tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip("\n"))
             on_line(line)
         rc = proc.wait()
     finally:  # after the job exits (orphan ranks), or when our caller goes away (SIGTERM, Ctrl-C): kill the group
-        timer.cancel()
+        if "timer" in locals():
+            timer.cancel()
         stop_group(proc, 0)
-        proc.stdout.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
     return Streamed(124 if timed_out.is_set() else rc, list(tail), timed_out.is_set())

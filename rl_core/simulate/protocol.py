@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rl_core.ab.verdict import ab_verdict, apply_verdict
 from rl_core.config import REPO_ROOT, Config, load_config
+from rl_core.ids import mlflow_filter_value
 from rl_core.registry import card, store
 from rl_core.rewards.monitors import run_monitors
 from rl_core.runtime.procs import environ
@@ -252,7 +253,7 @@ def log_pooled(cfg: Config, pool: dict) -> str:
     same run rather than adding one. Returns the run id."""
     c, name = store.client(cfg), f"protocol-{pool['protocol']}-pooled"
     exp = store.experiment_id(cfg, "learning")
-    old = c.search_runs([exp], f"tags.protocol_pooled = '{pool['protocol']}'", max_results=1)
+    old = c.search_runs([exp], f"tags.protocol_pooled = {mlflow_filter_value(pool['protocol'])}", max_results=1)
     run_id = old[0].info.run_id if old else c.create_run(exp, run_name=name, tags={
         "kind": "protocol", "protocol_pooled": pool["protocol"], "protocol": pool["protocol"]}).info.run_id
     for k, v in {"success": str(pool["success"]).lower(), "seeds": ",".join(map(str, pool["seeds"]))}.items():

@@ -43,6 +43,7 @@ import httpx
 
 from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.cycle import airflow_env, bin_path
+from rl_core.ids import mlflow_filter_value
 from rl_core.runtime.procs import answers, free_port
 
 LAKE_BUCKET, MLFLOW_BUCKET = "rtrl-lake", "rtrl-mlflow"
@@ -360,7 +361,7 @@ def init_done(s: Stack) -> bool:
         cfg = load_config(environ={**os.environ, **s.env()})
         # the registry named too: MlflowClient otherwise takes the process-wide one (mlflow.set_registry_uri)
         c = MlflowClient(tracking_uri=s.mlflow_url, registry_uri=s.mlflow_url)
-        return bool(c.search_model_versions(f"name='{cfg.mlflow.model_name}'"))
+        return bool(c.search_model_versions(f"name={mlflow_filter_value(cfg.mlflow.model_name)}"))
     except Exception:  # noqa: BLE001  a server that does not answer is "not done"
         return False
 
