@@ -226,7 +226,7 @@ def test_memory_is_capped_for_the_whole_tree(confined):
     if "cgroup" not in confined.isolation:
         pytest.skip("no writable cgroup here: the tree is bounded by nproc x memory_mb only (evals/cgroup.py)")
     code = ("import os, time\nkids = []\nfor _ in range(3):\n    pid = os.fork()\n"
-            "    if pid == 0:\n        b = bytearray(600 * 1024 * 1024)\n        time.sleep(3)\n        os._exit(0)\n"
+            "    if pid == 0:\n        b = bytearray(600 * 1024 * 1024)\n        time.sleep(1)\n        os._exit(0)\n"
             "    kids.append(pid)\n"
             "ok = all(os.waitpid(k, 0)[1] == 0 for k in kids)\nprint('all held 600 MB' if ok else 'capped')\n"
             "raise SystemExit(0 if ok else 1)\n")
