@@ -11,7 +11,8 @@ beside the Airflow run id.
 Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (plan, part mapped over the
 window's parts, harvest, gate_raw, exclude (drops a quarantined org's
 episodes), gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate ->
-promote (register, gate_promotion, deploy). With `[harvest] map_hours` set, `part` maps over the window's
+promote (register, gate_promotion, deploy) -> outcome (all_done: the run's outcome in one line, also on the cycle's
+MLflow run; it fails when the run was refused or failed, so such a run stays red). With `[harvest] map_hours` set, `part` maps over the window's
 hours on as many workers and `harvest` merges them (the same episodes as one task). The live challenger is
 judged first: the hacking monitors on every turn the window served, then, only if they pass, the A/B verdict
 (a version that games the reward must not win on a metric the hack inflates); `rollback` takes a tripped
@@ -19,6 +20,9 @@ challenger off traffic. A failing gate fails its task without retry (its log's f
 everything downstream ends `upstream_failed` and no other alias moves. A window with nothing to train on (no
 traffic, or only episodes the policy's lineage already trained on: the ledger, rl_core/ledger.py) skips at
 `harvest` with the reason, and the rest ends `skipped`.
+The Assets (`rtrl_episodes` on gate_episodes, `rtrl_rewards` on gate_rewards, `rtrl_checkpoint` on train, `rtrl_eval` on
+evaluate, `rtrl_registry` on register) are emitted by the task after which their stage is done, so a refused or
+skipped window emits none for a stage it did not finish.
 `dry_run` computes everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
 
 This file holds no business logic: every task calls rl_core (design.md, "the cycle contract").
@@ -132,7 +136,9 @@ def ab_verdict(w: dict) -> dict:
     result = compute(cfg, run.window.start, run.window.end)
     action = "dry-run: not applied" if run.dry_run else apply_verdict(cfg, result)
     print(f"A/B {result.decision}: {'; '.join(result.reasons)} (n={result.n})\naction: {action}")
-    return {"action": str(action), "decision": result.decision}
+    if not any(result.n.values()):
+        print("no requests on either arm in the window: no A/B analysis logged to MLflow")
+    return {"action": str(action), "decision": result.decision, "n": dict(result.n), "reasons": list(result.reasons)}
 
 
 @task(**IO_RETRIES,
@@ -172,7 +178,7 @@ def part(job: dict) -> dict:
     return asdict(r)
 
 
-@task(**IO_RETRIES, outlets=[EPISODES], multiple_outputs=True,
+@task(**IO_RETRIES, multiple_outputs=True,
       doc_md="Episodes of the policy version in the window, feedback joined, less those its lineage already "
              "trained on (the ledger): the parts merged in time order. Skips the rest of the cycle, with the "
              "reason, when there is nothing new.")
@@ -200,7 +206,7 @@ def exclude(w: dict) -> int:
     return n
 
 
-@task(**IO_RETRIES, outlets=[REWARDS], doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
+@task(**IO_RETRIES, doc_md="Score every episode (SQL signals + Python scorers) into a reward.")
 def score(w: dict) -> dict:
     from rl_core.rewards import score_run  # lazy: keeps DAG parsing light
 
@@ -247,6 +253,32 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
     return {"version": int(version), "challenger": moved}
 
 
+@task(trigger_rule="all_done", retries=0,
+      doc_md="The run's outcome in one line, the first of this log and the return value (`skipped: why`, `refused "
+             "by <gate>: <reason>`, `failed at <task>`, `registered vN -> challenger`, and the A/B decision with "
+             "per-arm counts); the same on the cycle's MLflow run (experiment `<experiment>-cycles`). Fails when "
+             "the run was refused or failed, so the run stays red.")
+def outcome() -> str:
+    from airflow.sdk.exceptions import AirflowFailException  # lazy: keeps DAG parsing light
+
+    from rl_core.outcome import record, settle
+
+    ctx = get_current_context()
+    ti, cfg = ctx["ti"], load_config()
+    w, ab = ti.xcom_pull(task_ids="window"), ti.xcom_pull(task_ids="ab.ab_verdict")
+    run = CycleRun.from_xcom(w) if w else None
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
+    result = settle(cfg, run.run_id if run else None, states, ab, dry_run=bool(run and run.dry_run))
+    print(result.line)
+    if run is not None:
+        win = f"[{run.window.start.isoformat()}, {run.window.end.isoformat()})"
+        print(f"MLflow run {record(cfg, result, run.run_id, win, ctx['run_id'])} (experiment {cfg.mlflow.experiment}-cycles)")
+    if not result.ok:
+        ti.xcom_push("return_value", result.line)
+        raise AirflowFailException(result.line)
+    return result.line
+
+
 @dag(
     dag_id=AF.dag_id,
     schedule=GridTimetable(AF.schedule_hours, SCHEDULE_ANCHOR),  # data interval = harvest window, on the grid
@@ -280,16 +312,18 @@ def realtime_rl():
         sv >> mon >> rb
         [mon, rb] >> ab  # no A/B verdict is applied when the monitors refused
     with TaskGroup("harvest", tooltip="episodes + data-quality gates"):
-        parts = part.expand(job=plan(w, ab))  # one mapped task per part of the window
+        pl = plan(w, ab)
+        parts = part.expand(job=pl)  # one mapped task per part of the window
         hw = harvest(w, parts)
         g_raw = DataQualityGateOperator(task_id="gate_raw", check="gate_raw", window=hw,
                                         doc_md="GX suite on the window's raw events; fails with the report.")
-        g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw,
+        g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw, outlets=[EPISODES],
                                        doc_md="GX suite on episodes.parquet (lengths, logprobs, version lag).")
-        g_raw >> exclude(hw) >> g_ep
+        ex = exclude(hw)
+        g_raw >> ex >> g_ep
     with TaskGroup("rewards", tooltip="rewards + gate"):
         sc = score(hw)
-        g_rw = DataQualityGateOperator(task_id="gate_rewards", check="gate_rewards", window=hw,
+        g_rw = DataQualityGateOperator(task_id="gate_rewards", check="gate_rewards", window=hw, outlets=[REWARDS],
                                        doc_md="GX suite on rewards.parquet (finite, in range, hash).")
         g_ep >> sc >> g_rw
     with TaskGroup("train", tooltip="DeepSpeed update in its own processes"):
@@ -304,7 +338,11 @@ def realtime_rl():
         gate = DataQualityGateOperator(task_id="gate_promotion", check="gate_promotion", window=hw,
                                        doc_md="Every required verdict must pass; else nothing moves.")
         version >> gate
-        deploy(hw, version, gate.output)
+        dp = deploy(hw, version, gate.output)
+    # all_done on every task, not only deploy: deploy ends upstream_failed while an all_done task (rollback) may
+    # still run. Each Asset is an outlet of the task after which its stage is done (a gate that passed), so a
+    # refused or skipped run emits nothing for that stage.
+    [w, sv, mon, rb, ab, pl, parts, hw, g_raw, ex, g_ep, sc, g_rw, tr, ev, version, gate, dp] >> outcome()
 
 
 check_dag(realtime_rl())  # the tasks above are rl_core.pipeline.CYCLE, in its order: a drift fails the import

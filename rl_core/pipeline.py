@@ -8,7 +8,7 @@ are all read from here, so a path cannot skip one without a visible edit to this
 own tasks against CYCLE when it is parsed (check_dag).
 
 A gate is `fn(cfg, *args) -> Verdict` (or raises GateFailed carrying one); it judges and writes its verdict
-under the run, nothing else. The stages between gates (harvest, exclude, score, train, evaluate, register, deploy) stay
+under the run, nothing else. The stages between gates (harvest, exclude, score, train, evaluate, register, deploy, outcome) stay
 where each is defined (rl_core/<stage>), and the DAG's task order follows CYCLE.
 """
 
@@ -40,7 +40,8 @@ BY_NAME = {g.name: g for g in GATES}
 
 # The cycle in order (the DAG's task ids without their groups): stages and, between them, the gates above.
 CYCLE = ("window", "served", "monitors", "rollback", "ab_verdict", "plan", "part", "harvest", "gate_raw",
-         "exclude", "gate_episodes", "score", "gate_rewards", "train", "evaluate", "register", "gate_promotion", "deploy")
+         "exclude", "gate_episodes", "score", "gate_rewards", "train", "evaluate", "register", "gate_promotion", "deploy",
+         "outcome")  # outcome: all_done, the run's one-line outcome (rl_core/outcome.py)
 # What must have judged a run, and passed, before its checkpoint may serve anyone.
 REQUIRED_VERDICTS = ("gate_raw", "gate_episodes", "gate_rewards", "monitors", "train", "eval")
 # An org adapter: the same, and no regression on the org's own tasks.

@@ -23,7 +23,7 @@ def load_dag():
 STAGES = [  # the cycle, in order: each stage must be downstream of every earlier one
     "window", "ab.served", "ab.monitors", "ab.rollback", "ab.ab_verdict", "harvest.plan", "harvest.part",
     "harvest.harvest", "harvest.gate_raw", "harvest.exclude", "harvest.gate_episodes", "rewards.score", "rewards.gate_rewards", "train.train", "evaluate.evaluate",
-    "promote.register", "promote.gate_promotion", "promote.deploy",
+    "promote.register", "promote.gate_promotion", "promote.deploy", "outcome",
 ]
 GATES = {"harvest.gate_raw", "harvest.gate_episodes", "rewards.gate_rewards", "ab.monitors",
          "promote.gate_promotion"}
@@ -101,10 +101,21 @@ def test_no_ab_verdict_is_applied_unless_the_monitors_passed(dag):
 def test_lake_outputs_are_assets(dag):
     outlets = {t.task_id: {a.name for a in t.outlets} for t in dag.tasks if t.outlets}
     assert outlets == {
-        "harvest.harvest": {"rtrl_episodes"}, "rewards.score": {"rtrl_rewards"},
+        "harvest.gate_episodes": {"rtrl_episodes"}, "rewards.gate_rewards": {"rtrl_rewards"},
         "train.train": {"rtrl_checkpoint"}, "evaluate.evaluate": {"rtrl_eval"},
         "promote.register": {"rtrl_registry"},
-    }
+    }  # each on the task after which its stage is done: episodes and rewards once their gate passed
+
+
+def test_the_outcome_task_runs_last_whatever_happened(dag):
+    """all_done, directly downstream of every task: deploy alone would let it start while an all_done task
+    (rollback) still runs; no retry (it only reads); the last of the cycle."""
+    from rl_core import pipeline
+
+    out = dag.get_task("outcome")
+    assert out.trigger_rule == "all_done" and out.retries == 0
+    assert out.upstream_task_ids == set(dag.task_ids) - {"outcome"}
+    assert [t.task_id for t in dag.leaves] == ["outcome"] and pipeline.CYCLE[-1] == "outcome"
 
 
 def test_gates_use_the_quality_operator_and_train_the_launcher(dag):

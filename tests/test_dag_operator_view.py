@@ -120,7 +120,7 @@ def test_a_window_without_traffic_ends_skipped_not_failed(af):
     from rl_core.registry import store
 
     cfg = af
-    state, tasks, _, _ = run_at(WINDOW_END)
+    state, tasks, af_run, _ = run_at(WINDOW_END)
     assert state == "success", tasks  # the grid shows the run green with its tasks skipped, not red
     assert tasks["window"] == "success" and tasks["ab.ab_verdict"] == "success"
     assert tasks["harvest.harvest"] == "skipped", tasks
@@ -128,6 +128,19 @@ def test_a_window_without_traffic_ends_skipped_not_failed(af):
         assert tasks[tid] == "skipped", (tid, tasks[tid])
     assert read_manifest(Lake(cfg.lake_root), RUN_ID)["n_interactions"] == 0
     assert store.known_versions(cfg) == [1] and store.aliases(cfg) == {"champion": 1}
+    # the outcome says why in one line (the task's return value), and MLflow hears of the skipped window too
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    assert tasks["outcome"] == "success", tasks
+    with create_session() as session:
+        xcom = session.query(XComModel).filter(XComModel.dag_id == "realtime_rl", XComModel.run_id == af_run,
+                                               XComModel.task_id == "outcome", XComModel.key == "return_value").one()
+        line = XComModel.deserialize_value(xcom)
+    assert line.startswith("skipped: no traffic in [2026-12-02T05:00:00+00:00, 2026-12-02T10:00:00+00:00)"), line
+    c = store.client(cfg)
+    runs = c.search_runs([c.get_experiment_by_name(cfg.mlflow.experiment + "-cycles").experiment_id])
+    assert [(r.info.run_name, r.data.tags["outcome"]) for r in runs] == [(RUN_ID, "skipped")]
 
 
 def test_a_gate_refusal_is_the_first_line_of_its_log(registered, capsys):

@@ -51,6 +51,9 @@ def write_window(cfg, n: int = 24, arms=None, **defects) -> None:
              orgs=tuple(cfg.simulate.orgs), grace_hours=cfg.harvest.grace_hours)
 
 
+LAST_RUN: dict[str, str] = {}  # the Airflow run id of the latest run_dag()
+
+
 def run_dag(conf: dict | None = None) -> tuple[str, dict[str, str]]:
     """One dag.test() run at WINDOW_END; returns the run state and every task's final state."""
     from airflow.dag_processing.dagbag import DagBag
@@ -58,12 +61,46 @@ def run_dag(conf: dict | None = None) -> tuple[str, dict[str, str]]:
 
     dag = DagBag(dag_folder=str(REPO / "dags")).dags["realtime_rl"]
     dr = dag.test(logical_date=WINDOW_END, run_conf=conf or {})
+    LAST_RUN["run_id"] = dr.run_id
     with create_session() as session:
         from airflow.models.taskinstance import TaskInstance
 
         tis = session.query(TaskInstance).filter(TaskInstance.dag_id == dag.dag_id,
                                                  TaskInstance.run_id == dr.run_id).all()
         return str(dr.state), {ti.task_id: str(ti.state) for ti in tis}
+
+
+def outcome_line() -> str:
+    """The latest run's `outcome` task return value: its one-line outcome, as the UI's XCom tab shows it."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        xcom = session.query(XComModel).filter(XComModel.dag_id == "realtime_rl", XComModel.run_id == LAST_RUN["run_id"],
+                                               XComModel.task_id == "outcome", XComModel.key == "return_value").one()
+        return XComModel.deserialize_value(xcom)
+
+
+def asset_events() -> list[str]:
+    """The assets the latest run emitted events for, by name."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(AssetModel.name).join(AssetEvent, AssetEvent.asset_id == AssetModel.id).filter(
+            AssetEvent.source_dag_id == "realtime_rl", AssetEvent.source_run_id == LAST_RUN["run_id"]).all()
+        return sorted(name for (name,) in rows)
+
+
+def cycle_run(cfg):
+    """The window's MLflow run in the cycles' experiment (one per window, whatever its outcome)."""
+    from rl_core.registry import store
+
+    c = store.client(cfg)
+    exp = c.get_experiment_by_name(cfg.mlflow.experiment + "-cycles")
+    runs = c.search_runs([exp.experiment_id], filter_string=f"tags.run_id = '{RUN_ID}'")
+    assert len(runs) == 1, runs
+    return runs[0]
 
 
 def outputs(cfg) -> dict[str, str]:
@@ -97,6 +134,16 @@ def test_failing_gate_stops_the_cycle_and_moves_nothing(af_env):
     assert store.aliases(cfg) == {"champion": 1}  # no alias moved
     assert store.version_for_alias(cfg, "challenger") is None
     assert not (cfg.models_dir / "runs" / RUN_ID).exists()  # the trainer never started
+    # the outcome: one line naming the gate and its first reason, in Airflow (the task fails: the run stays red)
+    # and on the window's MLflow run; the harvest task succeeded, yet no stage's asset is emitted
+    assert tasks["outcome"] == "failed"
+    line = outcome_line()
+    assert line.startswith(f"refused by gate_raw: {verdict.reasons[0]}"), line
+    run = cycle_run(cfg)
+    assert run.info.run_name == RUN_ID and run.info.status == "FAILED"
+    assert run.data.tags["outcome"] == "refused" and run.data.tags["reason"].startswith("gate_raw: ")
+    assert run.data.tags["airflow.run_id"] == LAST_RUN["run_id"] and run.data.tags["window"].startswith("[2026-12-02T05:00")
+    assert tasks["harvest.harvest"] == "success" and asset_events() == []
 
 
 @pytest.mark.slow
@@ -122,6 +169,7 @@ def test_a_hacking_live_challenger_trips_the_monitors_is_rolled_back_and_nothing
     assert store.aliases(cfg) == {"champion": 1}  # the challenger is off traffic, the champion untouched
     assert v2 in promote.rolled_back_versions(cfg)
     assert not (cfg.models_dir / "runs" / RUN_ID).exists()  # the trainer never started
+    assert tasks["outcome"] == "failed" and outcome_line().startswith("refused by monitors: "), outcome_line()
 
 
 @pytest.mark.slow
@@ -167,6 +215,9 @@ def test_full_cycle_makes_a_challenger_and_a_rerun_is_identical(af_env, monkeypa
     assert set(tasks.values()) == {"success"}, tasks
     version = find_version(cfg, RUN_ID)
     assert version == 2
+    assert outcome_line().startswith("registered v2 -> challenger"), outcome_line()
+    assert cycle_run(cfg).data.tags["outcome"] == "registered"
+    assert asset_events() == ["rtrl_checkpoint", "rtrl_episodes", "rtrl_eval", "rtrl_registry", "rtrl_rewards"]
     assert store.aliases(cfg) == {"champion": 1, "challenger": 2}
     tags = store.get_version(cfg, version).tags
     assert tags["run_id"] == RUN_ID and tags["parent_version"] == "1"

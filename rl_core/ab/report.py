@@ -1,7 +1,8 @@
 """The A/B report: a markdown table and a PNG chart, kept in the lake and logged to MLflow.
 
 One MLflow run per analysed window (tag ab_window), reused when the same window is analysed again, so
-a rerun overwrites its artifacts instead of piling up runs. Decision and versions are tags (a late
+a rerun overwrites its artifacts instead of piling up runs. It is named `ab-<since>-<until>`, its times in the
+format of the cycles' run ids (rl_core/window.py: `ab-20261202T0500-20261202T1000`). Decision and versions are tags (a late
 rerun with more feedback may change them; MLflow params could not be changed).
 """
 
@@ -17,12 +18,18 @@ from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
 from rl_core.lake import Lake
 from rl_core.registry import card, store
+from rl_core.window import _stamp
 
 ARTIFACT_DIR = "ab"
 
 
 def window_key(result) -> str:
     return f"{result.since:%Y%m%dT%H%M%SZ}_{result.until:%Y%m%dT%H%M%SZ}"
+
+
+def run_name(result) -> str:
+    """`ab-<since>-<until>`, the times as in a cycle's run id (`cycle-20261202T1000`)."""
+    return f"ab-{_stamp(result.since)}-{_stamp(result.until)}"
 
 
 def to_markdown(result) -> str:
@@ -94,8 +101,9 @@ def publish(cfg: Config, result) -> None:
     c = store.client(cfg)
     exp = store.experiment_id(cfg, "ab")
     found = c.search_runs([exp], filter_string=f"tags.ab_window = {mlflow_filter_value(key)}", max_results=1)
-    run_id = found[0].info.run_id if found else c.create_run(exp, run_name=f"ab-{key}",
+    run_id = found[0].info.run_id if found else c.create_run(exp, run_name=run_name(result),
                                                             tags={"ab_window": key, "kind": "ab"}).info.run_id
+    c.update_run(run_id, name=run_name(result))  # a run made under the earlier name format takes the new one
     tags = {"decision": result.decision, "champion_version": result.champion_version,
             "challenger_version": result.challenger_version, "since": result.since.isoformat(),
             "until": result.until.isoformat(), "cuped": result.cuped}

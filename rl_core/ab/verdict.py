@@ -206,7 +206,8 @@ def ab_verdict(
     """The verdict for [since, until) (until defaults to now). Versions default to the current aliases.
 
     With log=True the report (JSON, markdown table, PNG chart) is written to the lake under
-    ab/<since>_<until>/ and logged to MLflow (one run per window, reused on a rerun).
+    ab/<since>_<until>/ and logged to MLflow (one run per window, reused on a rerun), unless neither arm had a
+    request in the window: an empty analysis logs nothing (the `rtrl-ab` experiment would fill with n=0 runs).
     """
     check_config(cfg)
     since = _utc(since, "since")
@@ -233,7 +234,7 @@ def ab_verdict(
         con.close()
     decision, reasons = decide(metrics, n, cfg)
     result = ABResult(decision=decision, reasons=reasons, n=n, users=users, metrics=metrics, **base)
-    if log:
+    if log and any(result.n.values()):
         report.publish(cfg, result)
     return result
 

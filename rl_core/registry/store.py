@@ -24,7 +24,7 @@ from rl_core.schema import now_utc
 
 CHECKPOINT_ARTIFACT = "checkpoint"
 HISTORY = "**History**"  # the description's history section starts at this line (rl_core/registry/card.py writes above it)
-PURPOSES = {"train": "", "ab": "-ab", "learning": "-learning"}  # experiment name suffix per purpose
+PURPOSES = {"train": "", "ab": "-ab", "learning": "-learning", "cycles": "-cycles"}  # experiment name suffix per purpose
 
 
 def client(cfg: Config):
