@@ -5,5 +5,6 @@ pipeline.py  per-org episodes (harvest filtered to the org, data rights applied)
 tasks.py     the org's eval tasks: shared tasks whose hidden tests also check the org's conventions
 registry.py  MLflow registered model `rtrl-adapter-<org>`, org lineage, never-reused adapter names, `live` alias
 branch.py    what the orgs DAG maps over: org_targets (who has enough data), adapt_org (one org end to end)
-serving.py   the gateway's AdapterPool: an org's token is answered by its live adapter (peft)
+serving.py   the gateway's AdapterPool: an org's token is answered by its live adapter (vLLM multi-LoRA in its
+             base's engine, or peft-merged on the transformers backend)
 """

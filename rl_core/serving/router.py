@@ -10,6 +10,8 @@ no alias needs any more: new leases wait while the in-flight ones drain, then th
 engine is kept as a spare (up to `spares`) when an alias goes away (a rollback, a promotion), so the next
 deploy swaps weights into it in ~0.1 s instead of starting an engine (~45 s on 2 CPUs). With `prewarm`, a
 gateway starts its spare right after the champion, before it takes traffic, so even the first deploy is a swap.
+An org's live adapter (rl_core/orgs/serving.py) answers on the slot of its base version, inside that very engine
+on vLLM (multi-LoRA): its lease is a lease on the slot as well, so a reload or retirement waits for it too.
 `auto` sends a stable share of users to the challenger: sha256(user_id) mapped to [0, 1) < share.
 """
 
@@ -50,11 +52,14 @@ class Lease:
     arm: str
     released: bool = False
     adapter_version: str | None = None  # the org's LoRA adapter answering on this version (rl_core/orgs)
+    adapter_hold: object | None = None  # that adapter's own count of requests in flight (release() ends it)
 
     def release(self) -> None:
         """Idempotent: a stream's generator and its finaliser may both call it."""
         if not self.released:
             self.released = True
+            if self.adapter_hold is not None:
+                self.adapter_hold.release()
             self.slot._release()
 
 
@@ -132,6 +137,8 @@ class Router:
         self.model_name = model_name
         self.poll_s = poll_s
         self.adapters = adapters  # rl_core.orgs.serving.AdapterPool or None: per-org adapters, synced with the aliases
+        if adapters is not None:
+            adapters.bind(self.engine_for)  # an adapter is loaded into (or beside) the engine serving its base
         self._aliases: dict[str, Slot] = {}
         self._slots: dict[int, Slot] = {}
         self.spares = spares
@@ -271,6 +278,11 @@ class Router:
                 raise UnknownModel(f"model {model!r} is not loaded; loaded: {self.model_ids()}")
             return slot.acquire("pinned")
         raise UnknownModel(f"unknown model {model!r}; choose one of {['auto', *self.model_ids()]}")
+
+    def engine_for(self, version: int):
+        """The engine serving `version` now (None when no alias needs it): where its adapters are loaded."""
+        slot = self._slots.get(version)
+        return None if slot is None else slot.backend
 
     def model_ids(self) -> list[str]:
         return [*self._aliases, *(f"{self.model_name}/{v}" for v in sorted(self._slots))]

@@ -23,7 +23,7 @@ from rl_core.config import Config
 from rl_core.registry import store
 from rl_core.runtime.procs import private_state
 from rl_core.serving.app import create_app
-from rl_core.serving.backends import make_backend, vllm_available
+from rl_core.serving.backends import make_backend
 from rl_core.serving.router import Router
 
 log = logging.getLogger("rtrl.serving")
@@ -48,11 +48,9 @@ class Gateway:
 def build_gateway(cfg: Config, backend: str | None = None, poll: bool = True, background_compaction: bool = True) -> Gateway:
     """Load what the aliases point at (blocking) and wire the app. backend overrides cfg.serving.backend."""
     kind = backend or cfg.serving.backend
-    adapters = None
-    if kind == "transformers" or (kind == "auto" and not vllm_available()):
-        from rl_core.orgs.serving import AdapterPool  # lazy: heavy (the orgs modules), transformers only
+    from rl_core.orgs.serving import AdapterPool  # lazy: heavy (the orgs modules)
 
-        adapters = AdapterPool(cfg)  # per-org LoRA adapters (peft); vLLM multi-LoRA is not wired yet
+    adapters = AdapterPool(cfg)  # per-org LoRA adapters: in their base's vLLM engine (multi-LoRA), else peft-merged
     router = Router(
         factory=lambda ckpt, version: make_backend(kind, ckpt, cfg, version),
         checkpoint_for=lambda version: store.checkpoint_path(cfg, version),

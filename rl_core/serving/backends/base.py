@@ -4,6 +4,10 @@ Why token ids at the boundary: the gateway renders the chat template once (rl_co
 tokenizer), logs exactly those prompt ids, and every engine continues from them; RL then trains on the
 same ids it logged. Each sampled token's logprob is under the distribution actually sampled from
 (after temperature and top_p); with temperature 0 (greedy) it is the plain softmax's.
+
+An engine with `supports_lora` (vLLM multi-LoRA) also serves LoRA adapters beside its base weights:
+load_adapter/unload_adapter by name, and generate/stream take `adapter=` to answer through one. OnAdapter
+wraps (engine, adapter name) into a plain Backend, so a router lease carries it like any engine.
 """
 
 from __future__ import annotations
@@ -50,6 +54,38 @@ class Backend(Protocol):
     def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[StepOut]: ...
 
     def close(self) -> None: ...
+
+
+class LoraEngine(Backend, Protocol):
+    """An engine serving LoRA adapters beside its base weights, each under a never-reused name."""
+
+    supports_lora: bool
+
+    def load_adapter(self, name: str, path: str) -> None: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def generate(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Generation: ...
+
+    def stream(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Iterator[StepOut]: ...
+
+
+class OnAdapter:
+    """One adapter of a LoraEngine as a Backend: same engine and tokenizer, answers through the adapter.
+    Closing it closes nothing: the engine belongs to its router slot, the adapter to rl_core.orgs.serving."""
+
+    def __init__(self, engine: LoraEngine, adapter: str):
+        self.engine, self.adapter = engine, adapter
+        self.name, self.tokenizer = engine.name, engine.tokenizer
+
+    def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        return self.engine.generate(prompt_ids, sampling, adapter=self.adapter)
+
+    def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[StepOut]:
+        return self.engine.stream(prompt_ids, sampling, adapter=self.adapter)
+
+    def close(self) -> None:
+        pass
 
 
 def collect_stream(steps: Iterator[StepOut]) -> Generation:

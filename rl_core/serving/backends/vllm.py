@@ -12,6 +12,12 @@ in-flight requests, then calls our worker extension's rtrl_reload_weights over /
 reload_weights leaves stale) and resets the prefix cache: 0.1 s (tiny model) instead of a ~45 s engine start, and the
 logprobs match a fresh forward of the new weights (tests/test_serving_vllm.py). Off: the router starts a
 fresh engine beside the old one and swaps when it is healthy (twice the memory for a while).
+Org adapters (serving.vllm_lora, default on): the engine starts with --enable-lora (--max-loras,
+--max-lora-rank from config) and VLLM_ALLOW_RUNTIME_LORA_UPDATING, so rl_core/orgs/serving.py loads an adapter
+into the engine serving its base version (/v1/load_lora_adapter under its never-reused name) and unloads it
+(/v1/unload_lora_adapter) without a restart; a request names the adapter as its model. LoRA wraps only the
+modules the org trainer adapts (train.lora_targets), and an adapter of other modules is refused. The backend
+remembers what is loaded and loads it again after the supervisor restarts a dead engine, before it takes requests.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ class VLLMBackend:
         self.restarts = 0
         # the router reloads a spare engine in place when configured (serving.vllm_hot_reload)
         self.supports_reload = bool(cfg.serving.vllm_hot_reload)
+        self.supports_lora = bool(cfg.serving.vllm_lora)  # org adapters load into this engine (multi-LoRA)
+        self._adapters: dict[str, str] = {}  # loaded adapter name -> folder: loaded again after a restart
+        self._adapters_lock = threading.Lock()
         self._closing = False
         self._ready = threading.Event()
         self.log_path = Path(cfg.path("logs")) / f"vllm-v{version}-{self.port}.log"
@@ -68,13 +77,26 @@ class VLLMBackend:
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", self.cfg.model.dtype, "--enforce-eager", "--max-model-len", str(max_len),
                 "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--disable-log-stats",
-                "--worker-extension-cls", "rl_core.serving.backends.vllm_worker.RtrlWorkerExtension"]
+                "--worker-extension-cls", "rl_core.serving.backends.vllm_worker.RtrlWorkerExtension",
+                *self._lora_args()]
+
+    def _lora_args(self) -> list[str]:
+        """LoRA wrappers only on the modules the org trainer adapts (train.lora_targets, e.g. q/k/v/o_proj): on CPU
+        every wrapped module costs each step a per-token gather of stacked adapter weights, adapter or not, and the
+        unrestricted default wraps the MLP and the LM head (49k-wide) too."""
+        sc = self.cfg.serving
+        if not self.supports_lora:
+            return []
+        return ["--enable-lora", "--max-loras", str(sc.vllm_max_loras), "--max-lora-rank", str(sc.vllm_max_lora_rank),
+                "--lora-target-modules", *self.cfg.train.lora_targets]
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         n = os.cpu_count() or 1
         env.update({"VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
                     "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.serving.vllm_kv_cache_gb)})
+        if self.supports_lora:  # /v1/load_lora_adapter and /v1/unload_lora_adapter
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}")
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         return env
@@ -92,6 +114,7 @@ class VLLMBackend:
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode} during startup; see {self.log_path}")
             try:
                 if self.http.get("/health", timeout=2.0).status_code == 200:
+                    self._load_again()
                     self._ready.set()
                     return
             except httpx.HTTPError:
@@ -100,6 +123,15 @@ class VLLMBackend:
         self._kill()
         raise TimeoutError(f"vLLM did not become healthy in {self.cfg.serving.vllm_startup_timeout_s}s; see {self.log_path}")
 
+    def _load_again(self) -> None:
+        """A restarted engine has lost its adapters: load them before it takes requests again."""
+        with self._adapters_lock:
+            for name, path in self._adapters.items():
+                try:
+                    self._post_adapter("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+                except Exception:  # noqa: BLE001 - the base and the other adapters still serve
+                    log.exception("vLLM (port %d): adapter %s did not load again after a restart", self.port, name)
+
     def _supervise(self) -> None:
         while not self._closing:
             time.sleep(1.0)
@@ -107,6 +139,7 @@ class VLLMBackend:
                 continue
             log.error("vLLM (port %d) died with %s; restarting", self.port, self.proc.returncode)
             self.restarts += 1
+            self._kill()  # its engine-core process outlives the server in its group: stop it, or it leaks
             try:
                 self._start()
             except Exception:
@@ -130,9 +163,43 @@ class VLLMBackend:
         self.http.post("/reset_prefix_cache").raise_for_status()
         self.checkpoint = str(checkpoint)
 
+    # --- adapters (multi-LoRA) ----------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str) -> None:
+        """Serve the LoRA adapter in folder `path` as model `name` (a name never reused for other weights)."""
+        if not self.supports_lora:
+            raise RuntimeError("this vLLM engine was started without --enable-lora (serving.vllm_lora)")
+        self._check_targets(path)
+        self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
+        with self._adapters_lock:
+            if self._adapters.get(name) == str(path):
+                return
+            self._post_adapter("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            self._adapters[name] = str(path)
+
+    def _check_targets(self, path: str) -> None:
+        """Refuse an adapter of modules the engine does not wrap (_lora_args): vLLM would drop those silently,
+        and the logged logprobs would not be the adapter's."""
+        targets = json.loads((Path(path) / "adapter_config.json").read_text()).get("target_modules") or []
+        outside = [targets] if isinstance(targets, str) else sorted(set(targets) - set(self.cfg.train.lora_targets))
+        if outside:
+            raise ValueError(f"adapter {path} adapts {outside}, which this engine does not wrap "
+                             f"(train.lora_targets = {self.cfg.train.lora_targets})")
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving adapter `name` (the caller has drained its requests); unknown names are a no-op."""
+        with self._adapters_lock:
+            if self._adapters.pop(name, None) is None or self._closing or not self._ready.is_set():
+                return  # not loaded, or the engine is gone or restarting (a restart does not load it again)
+            self._post_adapter("/v1/unload_lora_adapter", {"lora_name": name})
+
+    def _post_adapter(self, path: str, body: dict) -> None:
+        r = self.http.post(path, json=body)
+        if r.status_code != 200 and not (path.endswith("/unload_lora_adapter") and r.status_code == 404):
+            raise RuntimeError(f"vLLM {path} {body.get('lora_name')!r}: HTTP {r.status_code}: {r.text[:500]}")
+
     # --- generation -------------------------------------------------------------------------------
-    def _body(self, prompt_ids: list[int], s: Sampling, stream: bool) -> dict:
-        body = {"model": SERVED_NAME, "prompt": prompt_ids, "max_tokens": s.max_tokens, "temperature": s.temperature,
+    def _body(self, prompt_ids: list[int], s: Sampling, stream: bool, adapter: str | None = None) -> dict:
+        body = {"model": adapter or SERVED_NAME, "prompt": prompt_ids, "max_tokens": s.max_tokens, "temperature": s.temperature,
                 "top_p": s.top_p, "logprobs": 0, "return_token_ids": True, "stream": stream}
         if s.stop:
             body["stop"] = list(s.stop)
@@ -146,18 +213,19 @@ class VLLMBackend:
         return StepOut(list(choice.get("token_ids") or []), [float(x) for x in lps], choice.get("text") or "",
                        choice.get("finish_reason"))
 
-    def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+    def generate(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Generation:
+        """Sample from the base weights, or through the loaded LoRA adapter named `adapter`."""
         self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
         t0 = time.perf_counter()
-        r = self.http.post("/v1/completions", json=self._body(prompt_ids, sampling, False))
+        r = self.http.post("/v1/completions", json=self._body(prompt_ids, sampling, False, adapter))
         r.raise_for_status()
         g = collect_stream(iter([self._piece(r.json()["choices"][0])]))
         g.ttft_ms = (time.perf_counter() - t0) * 1000
         return g
 
-    def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[StepOut]:
+    def stream(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Iterator[StepOut]:
         self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
-        with self.http.stream("POST", "/v1/completions", json=self._body(prompt_ids, sampling, True)) as r:
+        with self.http.stream("POST", "/v1/completions", json=self._body(prompt_ids, sampling, True, adapter)) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
