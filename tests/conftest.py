@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,27 @@ def registered(cfg, tiny_checkpoint):
     shutil.copytree(tiny_checkpoint, target)
     init(cfg, check_generation=False)
     return cfg
+
+
+@contextmanager
+def served_gateway(tmp_path_factory, tiny_checkpoint: Path, name: str, **env: str):
+    """A gateway on a free port for a test module: the tiny model registered as v1 champion in a fresh
+    RTRL_HOME (env: more RTRL_* settings). Yields (cfg, base_url, gateway)."""
+    from rl_core.config import load_config
+    from rl_core.init import init
+    from rl_core.serving.server import build_gateway, serve_in_thread
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RTRL_HOME", str(tmp_path_factory.mktemp(name) / "var"))
+    mp.setenv("RTRL_CONFIG", str(REPO / "rtrl.toml"))
+    for key, value in env.items():
+        mp.setenv(key, value)
+    try:
+        cfg = load_config()
+        shutil.copytree(tiny_checkpoint, cfg.models_dir / "tiny")
+        init(cfg, check_generation=False)
+        gateway = build_gateway(cfg)
+        with serve_in_thread(cfg, gateway=gateway) as base:
+            yield cfg, base, gateway
+    finally:
+        mp.undo()

@@ -10,7 +10,6 @@ field, given before anything is stored or generated, and the raw gate quarantine
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import served_gateway
 
 from rl_core.exclude import exclude
 from rl_core.harvest import harvest
@@ -36,21 +36,8 @@ CHAT = {"model": "auto", "messages": [{"role": "user", "content": "Write add(a, 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory, tiny_checkpoint):
     """One gateway for the module: the tiny model registered as v1 champion, served on a free port."""
-    from rl_core.config import load_config
-    from rl_core.init import init
-    from rl_core.serving.server import build_gateway, serve_in_thread
-
-    mp = pytest.MonkeyPatch()
-    home = tmp_path_factory.mktemp("hostile") / "var"
-    mp.setenv("RTRL_HOME", str(home))
-    mp.setenv("RTRL_CONFIG", str(REPO / "rtrl.toml"))
-    cfg = load_config()
-    shutil.copytree(tiny_checkpoint, cfg.models_dir / "tiny")
-    init(cfg, check_generation=False)
-    gateway = build_gateway(cfg)
-    with serve_in_thread(cfg, gateway=gateway) as base:
-        yield cfg, base, gateway
-    mp.undo()
+    with served_gateway(tmp_path_factory, tiny_checkpoint, "hostile") as g:
+        yield g
 
 
 def post(gw, path: str, body=None, headers: dict | None = None, raw: bytes | None = None) -> httpx.Response:

@@ -4,7 +4,6 @@ models, feedback, interactions, auth, bad input, health, metrics; every completi
 from __future__ import annotations
 
 import json
-import shutil
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,6 +12,7 @@ import httpx
 import openai
 import pyarrow.parquet as pq
 import pytest
+from conftest import served_gateway
 
 from rl_core.lake import Lake
 
@@ -23,22 +23,8 @@ TOKEN, ORG = "rtrl-acme-token", "org-acme"
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory, tiny_checkpoint):
     """One gateway for the module: tiny model registered as v1 champion, served on a free port."""
-    from rl_core.config import load_config
-    from rl_core.init import init
-    from rl_core.serving.server import build_gateway, serve_in_thread
-
-    mp = pytest.MonkeyPatch()
-    home = tmp_path_factory.mktemp("gw") / "var"
-    mp.setenv("RTRL_HOME", str(home))
-    mp.setenv("RTRL_CONFIG", str(REPO / "rtrl.toml"))
-    mp.setenv("RTRL_SERVING__MAX_BODY_BYTES", "200000")
-    cfg = load_config()
-    shutil.copytree(tiny_checkpoint, cfg.models_dir / "tiny")
-    init(cfg, check_generation=False)
-    gateway = build_gateway(cfg)
-    with serve_in_thread(cfg, gateway=gateway) as base:
-        yield cfg, base, gateway
-    mp.undo()
+    with served_gateway(tmp_path_factory, tiny_checkpoint, "gw", RTRL_SERVING__MAX_BODY_BYTES="200000") as g:
+        yield g
 
 
 @pytest.fixture
