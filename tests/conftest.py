@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,14 @@ def served_gateway(tmp_path_factory, tiny_checkpoint: Path, name: str, **env: st
             yield cfg, base, gateway
     finally:
         mp.undo()
+
+
+def http_interaction(**over) -> dict:
+    """A valid `POST /v1/interactions` body (an interaction logged by another serving stack), fields overridden."""
+    now = datetime(2026, 12, 2, 9, 0, tzinfo=timezone.utc)
+    row = {"event_id": str(uuid.uuid4()), "user_id": "bob", "session_id": "s9", "turn_index": 0,
+           "ts_request": now.isoformat(), "ts_response": (now + timedelta(seconds=2)).isoformat(),
+           "requested_model": "auto", "model_version": 1, "arm": "champion",
+           "messages": [{"role": "user", "content": "x"}], "prompt_token_ids": [1, 2],
+           "completion_token_ids": [3, 4], "completion_logprobs": [-0.2, -0.3], "completion_text": "ok"}
+    return row | over

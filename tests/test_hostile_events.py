@@ -18,6 +18,7 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import http_interaction as interaction
 from conftest import served_gateway
 
 from rl_core.exclude import exclude
@@ -53,16 +54,6 @@ def stored(gw) -> int:
     n = sum(1 for seg in [*wal.sealed_segments(cfg.wal_dir), *wal.open_segments(cfg.wal_dir)]
             for k, _ in wal.read_segment(seg) if k == "interactions")
     return n + sum(pq.read_metadata(p).num_rows for p in Lake(cfg.lake_root).list_files("raw/interactions"))
-
-
-def interaction(**over) -> dict:
-    now = datetime(2026, 12, 2, 9, 0, tzinfo=timezone.utc)
-    row = {"event_id": str(uuid.uuid4()), "user_id": "bob", "session_id": "s9", "turn_index": 0,
-           "ts_request": now.isoformat(), "ts_response": (now + timedelta(seconds=2)).isoformat(),
-           "requested_model": "auto", "model_version": 1, "arm": "champion",
-           "messages": [{"role": "user", "content": "x"}], "prompt_token_ids": [1, 2],
-           "completion_token_ids": [3, 4], "completion_logprobs": [-0.2, -0.3], "completion_text": "ok"}
-    return row | over
 
 
 def refused(r: httpx.Response, field: str, status: int = 400) -> None:

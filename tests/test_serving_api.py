@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
 import openai
 import pyarrow.parquet as pq
 import pytest
+from conftest import http_interaction as _interaction
 from conftest import served_gateway
 
 from rl_core.lake import Lake
@@ -187,17 +187,6 @@ def test_feedback_accepted_for_own_event_and_refused_otherwise(gw):
         r = post(gw, "/v1/feedback", body, token=token)
         assert r.status_code == status and needle in r.json()["error"]["message"], (body, r.text)
     assert len(wal_rows(gw[0], "feedback")) == n, "a refused request (even half of a batch) stores nothing"
-
-
-def _interaction(**over) -> dict:
-    now = datetime(2026, 12, 2, 9, 0, tzinfo=timezone.utc)
-    row = {"event_id": str(uuid.uuid4()), "user_id": "bob", "session_id": "s9", "turn_index": 0,
-           "ts_request": now.isoformat(), "ts_response": (now + timedelta(seconds=2)).isoformat(),
-           "requested_model": "auto", "model_version": 1, "arm": "champion",
-           "messages": [{"role": "user", "content": "x"}], "prompt_token_ids": [1, 2],
-           "completion_token_ids": [3, 4], "completion_logprobs": [-0.2, -0.3], "completion_text": "ok"}
-    row.update(over)
-    return row
 
 
 def test_interactions_from_another_stack_are_validated_and_idempotent(gw):
