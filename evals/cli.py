@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +30,9 @@ def add_eval(p: argparse.ArgumentParser) -> None:
     src.add_argument("--checkpoint", help="an HF checkpoint folder")
     src.add_argument("--base-url", help="an OpenAI-compatible endpoint (e.g. the rtrl gateway's /v1)")
     p.add_argument("--model", default="champion", help="model name at --base-url")
-    p.add_argument("--api-key", default="rtrl-dev-token")
+    p.add_argument("--api-key", default=os.environ.get("RTRL_API_KEY", "rtrl-dev-token"),
+                   help="bearer token for --base-url (default: $RTRL_API_KEY, else the dev token); prefer the "
+                        "variable: a command line is readable by every process of the host")
     p.add_argument("--baseline", type=int, help="a registered version to compare with (paired)")
     p.add_argument("--solutions", choices=["canonical", "wrong", "model"], default="model",
                    help="humaneval: canonical answers, a wrong answer, or the model's")
