@@ -49,10 +49,9 @@ def workspace_modules(files: dict[str, str]) -> list[str]:
 
 
 def _write_snapshot(root: Path, files: dict[str, str]) -> None:
+    sandbox.check_paths(files)  # the one rule for work-dir paths, as the sandbox applies it
     for rel, text in files.items():
-        p = (root / rel).resolve()
-        if not str(p).startswith(str(root.resolve()) + os.sep):
-            raise ValueError(f"file path {rel!r} escapes the work dir")
+        p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
 

@@ -151,7 +151,8 @@ def _tail(path: Path) -> str:
         return ""
 
 
-def _check_files(files: dict[str, str | bytes]) -> None:
+def check_paths(files: dict[str, str | bytes]) -> None:
+    """Refuse a work-dir path that is absolute, climbs with '..' or holds a NUL (host side; _jail.py checks again)."""
     for rel in files:
         parts = Path(rel).parts
         if not rel or rel.startswith("/") or ".." in parts or "\x00" in rel:
@@ -163,7 +164,7 @@ class Confined:
 
     def __init__(self, files: dict[str, str | bytes], argv: list[str], limits: Limits, mode: str = "run",
                  pass_fds: tuple[int, ...] = (), extra: dict | None = None):
-        _check_files(files)
+        check_paths(files)
         self.limits, self.t0 = limits, time.monotonic()
         self.uid = _fresh_uid() if os.geteuid() == 0 else None
         python = sandbox_python()
