@@ -6,14 +6,15 @@ work again: same weights, same tasks, same budget, and greedy decoding, so the s
 keeps one suite run per key in the lake (`evals/cache/<key>.parquet`) and hands it back instead.
 
 The key is everything that decides the results: the checkpoint's content (every file but the trainer's
-done-mark, which only records where it came from), the tasks' full content, the budget, the dtype, and
-the source of the code that runs an episode and scores it. The content, not the version number: a
-candidate's own run is found again when the registered copy of the same weights is the next cycle's
-baseline (the experiment trains from the latest version, so that is every cycle), and a rerun of a
-failed eval task reuses what already ran. A change to any input is a new key, so a stale entry is
-never read; it is only left behind. Hashing costs ~0.5 s for SmolLM2-135M's 540 MB (sha256 at
-~1.4 GB/s on this 2-core EPYC), against a suite run of minutes. A sampled eval (temperature > 0) is
-never cached: its rerun is a new draw, not the same result.
+done-mark, which only records where it came from), the tasks' full content, the budget (sampling seed and
+samples included), the engine, the dtype, and the source of the code that runs an episode and scores it. The
+content, not the version number: a candidate's own run is found again when the registered copy of the same
+weights is the next cycle's baseline (the experiment trains from the latest version, so that is every cycle),
+and a rerun of a failed eval task reuses what already ran. A change to any input is a new key, so a stale
+entry is never read; it is only left behind. Hashing costs ~0.5 s for SmolLM2-135M's 540 MB (sha256 at
+~1.4 GB/s on this 2-core EPYC), against a suite run of minutes. A sampled eval is cached too: every request
+is seeded from the budget's seed, so its result is a draw under those seeds (an engine batching requests
+differently may break a floating-point tie another way; the cached draw is still a draw of these weights).
 """
 
 from __future__ import annotations
@@ -50,15 +51,14 @@ def _file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def key(checkpoint: str | Path, dtype: str, tasks: list[Task], budget: Budget) -> str | None:
-    """The cache key of one checkpoint's suite run, or None when the run must not be cached (sampled)."""
-    if budget.temperature > 0:
-        return None
+def key(checkpoint: str | Path, dtype: str, tasks: list[Task], budget: Budget, engine: str = "") -> str:
+    """The cache key of one checkpoint's suite run on one engine kind."""
     ckpt = Path(checkpoint)
     files = sorted(p for p in ckpt.rglob("*")
                    if p.is_file() and p.name != DONE_MARK and not p.name.startswith("."))
     payload = {
         "dtype": dtype,
+        "engine": engine,
         "checkpoint": {str(p.relative_to(ckpt)): _file_digest(p) for p in files},
         "tasks": [t.model_dump(mode="json") for t in tasks],
         "budget": asdict(budget),
@@ -67,10 +67,10 @@ def key(checkpoint: str | Path, dtype: str, tasks: list[Task], budget: Budget) -
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def load(lake, cache_key: str | None, name: str) -> Cached | None:
+def load(lake, cache_key: str, name: str) -> Cached | None:
     """The cached run for this key, or None if there is none (or it lacks a column). The results take
     `name` as their policy: the same weights may have run as "candidate:..." and come back as a version."""
-    if cache_key is None or not lake.exists(f"{FOLDER}/{cache_key}.parquet"):
+    if not cache_key or not lake.exists(f"{FOLDER}/{cache_key}.parquet"):
         return None
     table = lake.read_parquet(f"{FOLDER}/{cache_key}.parquet")
     names = [f.name for f in fields(TaskResult)]

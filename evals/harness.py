@@ -2,13 +2,19 @@
 
 The model sees a system prompt, the user's terse request with the repository's files attached (as an
 IDE would attach open files), and the task's tools. Each turn its tool calls run against a private
-working copy; the loop ends when it answers without a tool call or the turn budget is spent. Then the
-hidden tests judge the final working copy from outside the sandbox (evals/judge.py). Nothing the model
+working copy; the loop ends when it answers without a tool call or the turn budget is spent. An answer
+that changed no file but holds a code block is applied over the task's `target` file, as a user applies
+it in the IDE (and as the simulated users do). Then the hidden tests judge the final working copy from
+outside the sandbox (evals/judge.py).
+
+A suite runs each task `samples` times; sample k of a task draws with seeds derived from (budget seed,
+task id, k, turn), so a rerun repeats its draws and a candidate and its baseline are paired by sample. Nothing the model
 writes runs outside the sandbox, and nothing of the hidden tests runs inside it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
@@ -20,7 +26,7 @@ from evals.judge import judge
 from evals.policies import Policy
 from evals.tasks import Task
 from evals.tools import Workspace, openai_tools
-from rl_core.simulate.features import Answer, code_block
+from rl_core.simulate.features import CODE_BLOCK_RE, Answer, code_block
 
 SYSTEM_PROMPT = (
     "You are a coding assistant working in the user's repository. Make the change they ask for by calling "
@@ -34,11 +40,19 @@ class Budget:
     max_tokens: int = 256
     temperature: float = 0.0
     limits: sandbox.Limits = field(default_factory=sandbox.Limits)
+    samples: int = 1  # episodes per task (k)
+    seed: int = 0
 
     @classmethod
     def from_config(cls, ec) -> Budget:
         """From a config.EvalConfig."""
-        return cls(ec.max_turns, ec.max_tokens, ec.temperature, sandbox.Limits(timeout_s=ec.timeout_s))
+        return cls(ec.max_turns, ec.max_tokens, ec.temperature, sandbox.Limits(timeout_s=ec.timeout_s), ec.samples,
+                   ec.seed)
+
+    def draw_seed(self, task_id: str, sample: int, turn: int) -> int:
+        """The sampling seed of one request: stable across runs, processes and policies."""
+        digest = hashlib.sha256(f"{self.seed}:{task_id}:{sample}:{turn}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 @dataclass
@@ -61,6 +75,7 @@ class TaskResult:
     error: str = ""
     transcript: str = "[]"  # JSON of the messages, for reading a failure
     wrote_code: bool = False  # changed a file or answered with a complete code block (an update must not lose it)
+    sample: int = 0  # which of the task's `samples` episodes (pairs a candidate's sample k with its baseline's)
 
     @property
     def invalid_tool_rate(self) -> float:
@@ -78,7 +93,15 @@ def request_text(task: Task) -> str:
     return "\n".join(parts)
 
 
-def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
+def apply_answer(task: Task, ws: Workspace, text: str) -> bool:
+    """The IDE's apply: an answer's first code block written over the task's target file. True if applied."""
+    m = CODE_BLOCK_RE.search(text or "") if task.target else None
+    if m is None:
+        return False
+    return ws.execute("write_file", json.dumps({"path": task.target, "content": m.group(1)})).ok
+
+
+def run_episode(task: Task, policy: Policy, budget: Budget, sample: int = 0) -> TaskResult:
     t0 = time.perf_counter()
     tools = openai_tools(task.tools)
     messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": request_text(task)}]
@@ -91,7 +114,8 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
         original = ws.snapshot()
         try:
             for _ in range(budget.max_turns):
-                c = policy.complete(messages, tools, budget.max_tokens, budget.temperature)
+                c = policy.complete(messages, tools, budget.max_tokens, budget.temperature,
+                                    seed=budget.draw_seed(task.id, sample, turns))
                 turns += 1
                 p_tok += c.prompt_tokens
                 c_tok += c.completion_tokens
@@ -102,7 +126,10 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
                     msg["tool_calls"] = c.tool_calls
                 messages.append(msg)
                 if not c.tool_calls:
-                    clarified = "?" in c.content and ws.snapshot() == original
+                    unchanged = ws.snapshot() == original
+                    clarified = "?" in c.content and unchanged
+                    if unchanged:
+                        apply_answer(task, ws, c.content)
                     break
                 for call in c.tool_calls:
                     res = ws.execute(call["function"]["name"], call["function"].get("arguments") or "")
@@ -116,5 +143,5 @@ def run_episode(task: Task, policy: Policy, budget: Budget) -> TaskResult:
     return TaskResult(
         task.id, task.kind, policy.name, tr.passed and not error, tr.n_passed, tr.n_failed, tr.status, turns, calls,
         valid, clarified, p_tok, c_tok, round(latency, 1), round(time.perf_counter() - t0, 3), error,
-        json.dumps(messages)[:50_000], wrote or final != original,
+        json.dumps(messages)[:50_000], wrote or final != original, sample,
     )

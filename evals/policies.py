@@ -1,6 +1,10 @@
 """The model under test, as a small protocol: `complete(messages, tools, max_tokens, temperature) -> Completion`.
 
-Three kinds of policy answer it:
+Four kinds of policy answer it:
+- EnginePolicy: a serving engine on a checkpoint folder (vLLM where it runs, else transformers: the
+  rl_core.serving.backends the gateway uses), prompts rendered and tokenized once with the gateway's own
+  rl_core.toolcalls.prompt_ids, each request seeded. The suite's worker threads keep many requests in
+  flight, so vLLM batches them: the eval generates like production serves.
 - LocalPolicy: transformers in-process on an HF checkpoint folder, rendering tools and tool calls with
   rl_core.toolcalls (the same convention serving uses) and parsing the reply back with toolcalls.parse.
 - OpenAIPolicy: the official openai client against an OpenAI-compatible base_url (the production
@@ -36,7 +40,9 @@ class Policy(Protocol):
     name: str
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int,
-                 temperature: float) -> Completion: ...
+                 temperature: float, seed: int | None = None) -> Completion: ...
+    # seed: the sampling seed of this request (the harness derives one per task, sample and turn), so a sampled
+    # suite run is repeatable and a candidate and its baseline draw with the same seeds (paired by sample)
 
 
 class LocalPolicy:
@@ -52,7 +58,7 @@ class LocalPolicy:
         self._lock = threading.Lock()
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 2048))
 
-    def complete(self, messages, tools, max_tokens, temperature) -> Completion:
+    def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
         import torch  # lazy: heavy (torch)
 
         t0 = time.perf_counter()
@@ -69,12 +75,64 @@ class LocalPolicy:
         else:
             kwargs.update(do_sample=False)
         with self._lock, torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
             out = self.model.generate(ids, **kwargs)
         new = out[0, ids.shape[1]:]
         text = self.tok.decode(new, skip_special_tokens=True)
         content, calls = toolcalls.parse(text)
         finish = "length" if len(new) >= max_tokens else "stop"
         return Completion(content, calls, int(ids.shape[1]), int(len(new)), (time.perf_counter() - t0) * 1000, finish)
+
+
+class EnginePolicy:
+    """A serving engine (rl_core.serving.backends.make_backend: vLLM or transformers) on a checkpoint folder.
+
+    The prompt is the gateway's: toolcalls.prompt_ids renders the chat template once and the engine continues from
+    those ids; the reply is parsed with the same tool-call convention. Thread-safe: the suite's workers keep
+    requests in flight together, which vLLM batches (the transformers backend serialises them). The engine starts
+    at the first request (a cached side never starts one) and close() stops it (vLLM runs as a child server)."""
+
+    def __init__(self, folder: str | Path, cfg, name: str | None = None, kind: str | None = None):
+        from rl_core.serving.backends import vllm_available
+
+        self.folder, self.cfg = Path(folder), cfg
+        if not (self.folder / "config.json").is_file():
+            raise FileNotFoundError(f"{self.folder} is not an HF checkpoint folder (no config.json)")
+        kind = kind or cfg.serving.backend
+        self.kind = ("vllm" if vllm_available() else "transformers") if kind == "auto" else kind
+        self.name = name or f"{self.kind}:{self.folder.name}"
+        cfg_json = json.loads((self.folder / "config.json").read_text())
+        self.max_positions = min(int(cfg_json.get("max_position_embeddings", 2048)), 4096)
+        self._backend = None
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self):
+        with self._lock:
+            if self._backend is None:
+                from rl_core.serving.backends import make_backend  # lazy: heavy (engine clients, transformers)
+
+                self._backend = make_backend(self.kind, self.folder, self.cfg, version=0)
+            return self._backend
+
+    def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
+        from rl_core.serving.backends import Sampling
+
+        backend = self.backend
+        t0 = time.perf_counter()
+        ids = toolcalls.prompt_ids(backend.tokenizer, messages, tools)
+        ids = ids[-max(1, self.max_positions - max_tokens):]  # keep the tail if the prompt is too long
+        g = backend.generate(ids, Sampling(max_tokens=max_tokens, temperature=temperature, seed=seed))
+        content, calls = toolcalls.parse(g.text)
+        return Completion(content, calls, len(ids), len(g.token_ids), (time.perf_counter() - t0) * 1000,
+                          g.finish_reason or "stop")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._backend is not None:
+                self._backend.close()
+                self._backend = None
 
 
 class OpenAIPolicy:
@@ -88,10 +146,11 @@ class OpenAIPolicy:
         self.model = model
         self.name = name or f"openai:{model}"
 
-    def complete(self, messages, tools, max_tokens, temperature) -> Completion:
+    def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
         t0 = time.perf_counter()
         resp = self.client.chat.completions.create(
-            model=self.model, messages=messages, tools=tools or None, max_tokens=max_tokens, temperature=temperature
+            model=self.model, messages=messages, tools=tools or None, max_tokens=max_tokens, temperature=temperature,
+            seed=seed,
         )
         choice = resp.choices[0]
         msg = choice.message
@@ -121,7 +180,7 @@ class AskingPolicy:
 
     name = "scripted:asking"
 
-    def complete(self, messages, tools, max_tokens, temperature) -> Completion:
+    def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
         return _scripted("Could you clarify which file you mean and what the expected behaviour is?",
                          _prompt_chars(messages))
 
@@ -131,7 +190,7 @@ class BrokenToolPolicy:
 
     name = "scripted:broken-tool"
 
-    def complete(self, messages, tools, max_tokens, temperature) -> Completion:
+    def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
         if any(m.get("role") == "tool" for m in messages):
             return _scripted("I could not finish.", _prompt_chars(messages))
         return _scripted('<tool_call>{"name": "write_file", "arguments": {"path": </tool_call>', _prompt_chars(messages))
@@ -148,7 +207,7 @@ class OraclePolicy:
     def __init__(self, tasks):
         self.by_prompt = {t.prompt: t for t in tasks}
 
-    def complete(self, messages, tools, max_tokens, temperature) -> Completion:
+    def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
         first_user = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
         task = self.by_prompt.get(first_user.split("\n", 1)[0].strip())
         if task is None or any(m.get("role") == "tool" for m in messages):

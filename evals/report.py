@@ -24,14 +24,17 @@ def markdown(result, candidate_name: str, baseline_name: str) -> str:
     lines = [f"# eval {result.run_id}: {result.verdict}", "",
              f"candidate `{candidate_name}` vs baseline `{baseline_name}`", "",
              "## Paired comparison (Miller 2024)", "",
-             "| metric | n | candidate | baseline | diff | paired SE | interval | regression |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| metric | tasks | pairs | candidate | baseline | diff | paired SE | interval | detectable change "
+             f"({getattr(result, 'power', 0.8):.0%} power) | regression |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m in result.metrics:
-        lines.append(f"| {m.metric} | {m.n} | {m.candidate_mean:.3f} | {m.baseline_mean:.3f} | {m.mean_diff:+.3f} "
-                     f"| {m.se:.3f} | [{m.ci_low:+.3f}, {m.ci_high:+.3f}] | {'YES' if m.regression else 'no'} |")
+        lines.append(f"| {m.metric} | {m.n} | {m.n_pairs} | {m.candidate_mean:.3f} | {m.baseline_mean:.3f} "
+                     f"| {m.mean_diff:+.3f} | {m.se:.3f} | [{m.ci_low:+.3f}, {m.ci_high:+.3f}] | {_fmt(m.mde)} "
+                     f"| {'YES' if m.regression else 'no'} |")
     lines += ["", "## Aggregates", "", metrics_table({"candidate": result.candidate, "baseline": result.baseline})]
     if result.reasons:
-        lines += ["", "## Why it regressed", ""] + [f"- {r}" for r in result.reasons]
+        title = "Why it regressed" if result.verdict == "regression" else "Why it cannot judge"
+        lines += ["", f"## {title}", ""] + [f"- {r}" for r in result.reasons]
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 KINDS = ("bugfix", "feature", "refactor", "write_test", "ambiguous")
 TOOL_NAMES = ("read_file", "write_file", "apply_patch", "run_tests")
@@ -30,6 +30,15 @@ class Task(BaseModel):
     tools: list[str] = list(TOOL_NAMES)
     solution: dict[str, str] = {}  # reference: files whose writing solves the task
     tags: list[str] = []
+    # the file an answer's code block is applied to when the answer calls no tool (the IDE's "apply", as a user
+    # pastes it over the file the request is about); empty: code blocks are not applied
+    target: str = ""
+
+    @model_validator(mode="after")
+    def _target_in_repo(self) -> Task:
+        if self.target and self.target not in self.files:
+            raise ValueError(f"target {self.target!r} is not one of the task's files {sorted(self.files)}")
+        return self
 
     @field_validator("files", "hidden_tests", "solution")
     @classmethod

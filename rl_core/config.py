@@ -200,6 +200,11 @@ class EvalConfig(Section):
     task_limit: int = Field(0, ge=0)  # 0 = all tasks
     tolerance: float = Field(0.02, ge=0)  # pass-rate drop tolerated before "regression"
     z: float = Field(1.96, gt=0)  # paired comparison: a drop counts only when significant at this z
+    samples: int = Field(1, gt=0)  # episodes per task (k), paired by sample with the baseline's
+    seed: int = Field(0, ge=0)  # sampling seeds derive from it (evals.harness.Budget.draw_seed)
+    power: float = Field(0.8, gt=0, lt=1)  # the report's minimum detectable change is at this power
+    # refuse ("underpowered") when the suite cannot detect a pass-rate drop of this size; 0 = not checked
+    max_mde: float = Field(0.0, ge=0, le=1)
 
 
 class GatesConfig(Section):

@@ -92,3 +92,12 @@ def parse(text: str) -> tuple[str, list[dict[str, Any]]]:
                       "function": {"name": name, "arguments": args}})
     content = TOOL_CALL_RE.sub("", text).strip() if calls else text
     return content, calls
+
+
+def prompt_ids(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """The prompt as the engine sees it: rendered with the chat template once (the gateway logs these very ids;
+    the replay and the eval send them to the same engine, so nothing is tokenized twice)."""
+    out = tokenizer.apply_chat_template(to_template_messages(messages, tools), add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -72,7 +73,7 @@ def test_writing_less_code_is_a_regression_even_where_nothing_passes():
 def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="unknown metric"):
         paired([_r("a", True)], [_r("a", True)], "vibes", 0.0)
-    with pytest.raises(ValueError, match="share no task"):
+    with pytest.raises(ValueError, match="share no \(task, sample\) pair"):
         paired([_r("a", True)], [_r("b", True)], "passed", 0.0)
 
 
@@ -148,13 +149,15 @@ def test_a_checkpoint_that_already_ran_the_suite_is_read_from_the_cache(cfg, tin
     assert read_verdict(lake, "cycle-b", "eval").details["candidate_cached"]
     assert second.candidate == first.candidate and second.metrics == first.metrics
 
-    # changed weights, changed tasks or a sampled budget: another key, or none
+    # changed weights, tasks, seed, samples or engine: another key
     (copy / "generation_config.json").write_text('{"changed": true}')
     assert cache.key(copy, cfg.model.dtype, tasks, budget) != cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget)
     assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks[:2], budget) != cache.key(
         tiny_checkpoint, cfg.model.dtype, tasks, budget)
-    budget.temperature = 0.7
-    assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget) is None
+    base_key = cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget)
+    assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks, budget, "vllm") != base_key
+    for change in ({"seed": 1}, {"samples": 2}, {"temperature": 0.7}):
+        assert cache.key(tiny_checkpoint, cfg.model.dtype, tasks, dataclasses.replace(budget, **change)) != base_key
 
     # a run with a policy error or a test timeout may be the machine's fault that day: never kept
     for bad in ({"error": "ConnectionError: reset"}, {"test_status": "timeout"}):

@@ -47,7 +47,7 @@ def test_oracle_and_broken_tool_policies_are_scored(tmp_path):
     class Pasting:  # answers with a complete code block and no tool call (what SmolLM2 does)
         name = "scripted:pasting"
 
-        def complete(self, messages, tools, max_tokens, temperature):
+        def complete(self, messages, tools, max_tokens, temperature, seed=None):
             return Completion("Here:\n```python\ndef clamp(x, lo, hi):\n    return x\n```", [], 10, 10, 0.0, "stop")
 
     pasted = run_episode(task, Pasting(), Budget())

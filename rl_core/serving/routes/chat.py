@@ -40,19 +40,10 @@ from rl_core.serving.routes.deps import GatewayParts, JsonBody, Org, Parts
 api = APIRouter()
 
 
-def prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
-    """The prompt as the engine sees it: the gateway renders the chat template once and logs these very ids."""
-    out = tokenizer.apply_chat_template(toolcalls.to_template_messages(messages, tools), add_generation_prompt=True,
-                                        tokenize=True)
-    if hasattr(out, "keys"):
-        out = out["input_ids"]
-    return [int(t) for t in out]
-
-
 def _rendered(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
     """prompt_ids, a template that cannot render these messages being the request's fault (400)."""
     try:
-        return prompt_ids(tokenizer, messages, tools)
+        return toolcalls.prompt_ids(tokenizer, messages, tools)
     except Exception as exc:  # noqa: BLE001 - whatever the template raises
         raise ApiError(400, f"messages cannot be rendered with the chat template: {exc}", param="messages") from None
 
