@@ -262,3 +262,23 @@ def test_simulate_tasks_limits_what_users_ask_and_names_a_bad_id(cfg):
     cfg.simulate.tasks = [next(t.id for t in BANK if t.org == "org-acme")]
     with pytest.raises(ValueError, match=r"simulate.tasks: no task left for the users of \['org-globex'\]"):
         simulate(cfg, spec=spec, chat=recording, post=sink, progress=False)
+
+
+def test_a_recorded_session_keeps_one_record_per_request_that_matches_its_feedback():
+    user = User("u1", GLOBEX, PERSONAS["picky"], 3)
+    for behaviour, tid in (("wrong", "sim-mul"), ("oracle", "sim-add")):
+        sink = Sink()
+        res = run_session(user, task(tid), Scripted(behaviour), sink, budget=10, max_turns=4, rng=random.Random(3),
+                          record=True)
+        assert [r["turn"] for r in res.requests] == list(range(res.interactions))
+        by_event = {e.event_id: [] for e in sink.events}
+        for e in sink.events:
+            by_event[e.event_id].append(e)
+        for r in res.requests:
+            kinds = {e.kind for e in by_event[r["event_id"]]}
+            assert r["edit_persisted"] == ("edit_persisted" in kinds) and r["edit_reverted"] == ("edit_reverted" in kinds)
+            assert bool(r["followup"]) == ("followup_message" in kinds) and r["task_id"] == tid
+            assert r["thumbs"] == [e.value_bool for e in by_event[r["event_id"]] if e.kind == "thumbs"]
+        assert all(r["dissatisfied"] for r in res.requests if r["outcome"] == "edit_failed")
+    plain = run_session(user, task("sim-add"), Scripted("oracle"), Sink(), budget=10, max_turns=4, rng=random.Random(3))
+    assert plain.requests == [] and plain.interactions  # no plan, no records (a load test keeps none)

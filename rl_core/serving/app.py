@@ -18,8 +18,8 @@ from rl_core.serving.metrics import Metrics
 from rl_core.serving.protocol import ApiError
 from rl_core.serving.router import Router
 from rl_core.serving.routes import chat, events, ops
-from rl_core.toolcalls import prompt_ids
 from rl_core.serving.routes.deps import GatewayParts
+from rl_core.toolcalls import prompt_ids
 
 __all__ = ["create_app", "prompt_ids"]  # prompt_ids: bench/ and tests render prompts exactly as the gateway does
 

@@ -4,6 +4,10 @@ Why a separate bank: if users asked the eval suite's tasks, training on their fe
 test set into the policy. The format is evals.tasks.Task; simulator-only facts ride in its `tags`:
 `easy`/`hard`, `answer=<what the user says when asked a clarifying question>`, `org=<org_id>` for a task
 only that organisation asks.
+
+Another bank (a protocol's `bank`, e.g. the band tasks of bench/band/ or evals/band/, in the same format with a
+`target` file) needs none of these tags: a task without `answer=` has the answer every simulator task of one
+file gives ("it is in <target>, just make it work"), and a `moderate` task counts as hard.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ class SimTask:
 
     @property
     def target(self) -> str:
-        """The file the request is about (the first non-test file of the snapshot)."""
-        return next(p for p in self.task.files if not Path(p).name.startswith("test_"))
+        """The file the request is about: the task's `target` when it names one (the band tasks), else the first
+        non-test file of the snapshot (the simulator's own tasks)."""
+        return self.task.target or next(p for p in self.task.files if not Path(p).name.startswith("test_"))
 
 
 def _tag(task: Task, key: str) -> str | None:
@@ -38,12 +43,17 @@ def _tag(task: Task, key: str) -> str | None:
 
 
 def load_bank(folder: str | Path | None = None) -> list[SimTask]:
+    """The simulator's own bank (folder None: every task must carry its `answer=` tag), or the bank in folder
+    (a missing answer derived from the task's target, module docstring)."""
     out = []
     for t in load_tasks(folder or BANK_DIR):
         answer = _tag(t, "answer")
-        if not answer:
+        if not answer and folder is None:
             raise ValueError(f"simulator task {t.id}: tags lack 'answer=...' (the reply to a clarifying question)")
-        out.append(SimTask(t, "hard" in t.tags, answer, _tag(t, "org")))
+        if not answer:
+            sim = SimTask(t, False, "", None)
+            answer = f"it is in {sim.target}, just make it work"
+        out.append(SimTask(t, "hard" in t.tags or "moderate" in t.tags, answer, _tag(t, "org")))
     return out
 
 

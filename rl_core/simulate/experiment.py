@@ -30,6 +30,7 @@ from rl_core.rewards.monitors import score_served, version_rates
 from rl_core.runtime import warm
 from rl_core.runtime.procs import environ, exit_on_sigterm, stop
 from rl_core.serving import gateway as gw
+from rl_core.simulate import heldout
 from rl_core.simulate.features import episode_features, feature_rates_of
 
 CURVES = ("mean_reward", "edit_persisted_rate", "eval_pass_rate", "clarifying_rate", "broken_tool_rate", "no_edit_rate",
@@ -60,6 +61,8 @@ class CycleMetrics:
     feature_rates: dict[str, dict] = field(default_factory=dict)  # feature -> Rate (k, n, rate, 95% CI) of answers
     user_features: dict[str, dict[str, float]] = field(default_factory=dict)  # preferred feature -> user -> rate
     window: list[str] = field(default_factory=list)  # [start, end) of the cycle's traffic, ISO
+    role: str = "train"  # train | measured (serves, trains nothing) | baseline (v1 serves the measured requests)
+    requests: list[dict] = field(default_factory=list)  # the simulator's record of every request (outcomes.py)
 
 
 @dataclass
@@ -274,12 +277,19 @@ def train_base(cfg: Config, train_from: str) -> int | None:
 
 
 def run_experiment(cfg: Config, cycles: int, interactions: int | None, out_dir: Path, train_from: str = "champion",
-                   warm_start: bool = True, measure_last: bool = False,
-                   dag_id: str | None = None) -> tuple[list[CycleMetrics], Paired | None, str]:
+                   warm_start: bool = True, measure_last: bool = False, dag_id: str | None = None,
+                   plans: list[heldout.CyclePlan] | None = None) -> tuple[list[CycleMetrics], Paired | None, str]:
     """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing;
-    dag_id: the DAG each cycle runs (default the cycle's; the org-adapter DAG for an org experiment)."""
+    dag_id: the DAG each cycle runs (default the cycle's; the org-adapter DAG for an org experiment);
+    plans: one per cycle (heldout.plans: the bank its users ask, which users, their raters; run_dag False: it
+    only serves, as a baseline does). Default: the config's bank and users in every cycle, as before; the plan
+    then only collects each request's record (CycleMetrics.requests)."""
     if cycles < 1:
         raise ValueError(f"cycles must be >= 1, got {cycles}")
+    plans = plans or [heldout.CyclePlan("measured" if measure_last and k == cycles else "train")
+                      for k in range(1, cycles + 1)]
+    if len(plans) != cycles:
+        raise ValueError(f"{len(plans)} cycle plans for {cycles} cycles")
     t0 = time.time()
     curves: list[CycleMetrics] = []
     init(cfg, check_generation=False)  # the gateway needs a champion to serve
@@ -295,16 +305,21 @@ def run_experiment(cfg: Config, cycles: int, interactions: int | None, out_dir: 
         if wproc:
             warm.wait_ready(wproc, sock, out_dir / "warm.log")
         started_s = round(time.time() - t0, 1)
-        for k in range(1, cycles + 1):
-            print(f"[experiment] cycle {k}/{cycles} (gateway {url})", file=sys.stderr)
-            report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
-                               policy_version=train_base(cfg, train_from), gateway_url=url,
-                               warm_socket=str(sock) if sock else None,
-                               run_dag=not (measure_last and k == cycles), dag_id=dag_id)
+        for k, plan in enumerate(plans, start=1):
+            print(f"[experiment] cycle {k}/{cycles} (gateway {url})" + (f" [{plan.role}]" if plan.role != "train" else ""),
+                  file=sys.stderr)
+            dag = plan.run_dag if plan.run_dag is not None else not (measure_last and k == cycles)
+            with heldout.planned(plan):
+                report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
+                                   policy_version=train_base(cfg, train_from), gateway_url=url,
+                                   warm_socket=str(sock) if sock else None, run_dag=dag, dag_id=dag_id)
             if k == 1:  # the one start-up belongs to the first cycle's time
                 report.seconds = {"gateway_start": started_s, **(report.seconds or {})}
             print_report(cfg, report)
+            t = time.time()
             curves.append(cycle_metrics(cfg, k, report))
+            curves[-1].seconds["metrics"] = round(time.time() - t, 1)
+            curves[-1].role, curves[-1].requests = plan.role, plan.records
     finally:
         try:
             stop(proc)

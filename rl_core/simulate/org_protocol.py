@@ -101,7 +101,7 @@ def org_summary(cfg: Config, feature: str, curves: list[CycleMetrics]) -> dict:
 
 def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: list[CycleMetrics],
                    base_version: int = 1, served_answers: list[Answer] | None = None,
-                   guard: str | None = None, guard_tolerance: float = 0.05) -> dict:
+                   guard: str | None = None, guard_tolerance: float = 0.05, guard_test: str = "point") -> dict:
     """The replay protocol's test (rl_core/simulate/replay.py). Per request: the adapter arm's feature rate
     minus the base arm's over its k samples each; per user: the mean over that user's requests (a user's
     requests share the user's tasks, so the user, not the request, is the independent unit); DiD: Welch over
@@ -109,7 +109,10 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     move (a t interval over its users) and which weights answered each arm: in served_answers when given
     (requests through the gateway, whose headers say who answered), else in answers. guard: a feature no
     adapter may lose (each org's mean per-user change above -guard_tolerance), so that a convention is not met
-    by dropping what it judges (no code block, no prose after it)."""
+    by dropping what it judges (no code block, no prose after it). Each org's guard also says whether it holds
+    as a non-inferiority test (`noninferior`: the CI's lower bound above -guard_tolerance); guard_test
+    "noninferiority" makes that the check (`guard_noninferior`), "point" (the old protocols') keeps `guard_kept`
+    on the point estimate."""
     conv = cfg.simulate.conventions
     orgs = sorted(conv)
     arms = _hits(answers, feature)  # event_id -> arm -> feature hits over the samples
@@ -130,7 +133,9 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
     verdicts = org_verdicts(cfg, trained)
     own = {o: all(v.startswith(f"{o}-") for v in served.get(o, {}).get("adapter", {"none": 1})) for o in orgs}
     base_clean = all(set(by.get("base", {})) <= {"none"} for by in served.values())
-    guards = {o: {"feature": guard, **iv} for o, iv in _org_changes(answers, guard, owner, orgs).items()} if guard else {}
+    guards = {o: {"feature": guard, **iv, "tolerance": guard_tolerance,
+                  "noninferior": iv["ci_low"] is not None and iv["ci_low"] > -guard_tolerance}
+              for o, iv in _org_changes(answers, guard, owner, orgs).items()} if guard else {}
     shape = {f: _org_changes(answers, f, owner, orgs) for f in SHAPE if answers and f in answers[0].features}
     checked = answers if served_answers is None else served_answers
     wrong_version = sum(1 for a in checked if a.model_version != base_version)
@@ -145,7 +150,9 @@ def replay_summary(cfg: Config, feature: str, answers: list[Answer], trained: li
             "adapters_isolated": all(own.values()) and base_clean and wrong_version == 0,
             "each_org_served_its_adapter": all(own.values()),
             **({"guard_kept": all(g["mean_rate_change"] is not None and g["mean_rate_change"] > -guard_tolerance
-                                  for g in guards.values())} if guard else {}),
+                                  for g in guards.values())} if guard and guard_test == "point" else {}),
+            **({"guard_noninferior": all(g["noninferior"] for g in guards.values())}
+               if guard and guard_test == "noninferiority" else {}),
         },
         **({"guard": guards} if guard else {}),
         "shape": shape,  # reported beside the test, not judged: how each adapter moved the answers' shape

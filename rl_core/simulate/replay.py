@@ -30,9 +30,9 @@ from rl_core.cycle import airflow_env
 from rl_core.lake import Lake
 from rl_core.runtime.procs import stop
 from rl_core.serving import gateway as gw
-from rl_core.toolcalls import prompt_ids
 from rl_core.simulate.features import features_of
 from rl_core.simulate.personas import orgs_from_config
+from rl_core.toolcalls import prompt_ids
 
 ARMS = ("base", "adapter")
 

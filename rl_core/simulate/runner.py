@@ -24,8 +24,10 @@ from rl_core.cycle import airflow_env
 from rl_core.runtime.procs import exit_on_sigterm, stop
 from rl_core.serving import gateway as gw
 from rl_core.simulate import feedback as fb
+from rl_core.simulate import heldout
 from rl_core.simulate.bank import SimTask, load_bank, select, tasks_for
 from rl_core.simulate.personas import User, make_users, orgs_from_config
+from rl_core.simulate.raters import rater_for
 from rl_core.simulate.users import OUTCOMES, Chat, Feedbacks, Reply, SessionResult, run_session
 
 
@@ -72,6 +74,7 @@ class SimReport:
     latencies_ms: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     stopped_by: str = "budget"  # budget | time
+    requests: list[dict] = field(default_factory=list)  # inside a plan: every request's record (users.request_record)
 
     def add(self, r: SessionResult) -> None:
         self.interactions += r.interactions
@@ -83,6 +86,7 @@ class SimReport:
             self.outcomes[k] = self.outcomes.get(k, 0) + v
         for v in r.versions:
             self.versions[v] = self.versions.get(v, 0) + 1
+        self.requests += r.requests
 
     def table(self) -> str:
         lat = sorted(self.latencies_ms) or [0.0]
@@ -199,15 +203,17 @@ def budgets(users: list[User], total: int) -> list[int]:
 
 
 def _run_user(user: User, budget: int, bank: list[SimTask], chat: Chat, post: Feedbacks, spec: SimSpec,
-              deadline: float, report: SimReport, lock: threading.Lock, tick) -> None:
+              deadline: float, report: SimReport, lock: threading.Lock, tick,
+              plan: heldout.CyclePlan | None = None) -> None:
     rng = random.Random(user.seed)
+    rater = rater_for(user.seed, plan.rate_share, plan.flip) if plan else None
     tasks = tasks_for(bank, user.org.org_id)
     used = 0
     while used < budget and time.monotonic() < deadline:
         task = rng.choice(tasks)
         try:
             res = run_session(user, task, chat, post, budget=budget - used, max_turns=spec.max_turns, rng=rng,
-                              deadline=deadline)
+                              deadline=deadline, rater=rater, record=plan is not None)
         except Exception as exc:  # a failed request ends this user's run, never the whole simulation
             with lock:
                 report.errors += 1
@@ -215,6 +221,8 @@ def _run_user(user: User, budget: int, bank: list[SimTask], chat: Chat, post: Fe
                     report.error_examples.append(f"{user.user_id}: {type(exc).__name__}: {str(exc)[:200]}")
             return
         used += max(res.interactions, 1)
+        for r in res.requests:  # what the update never saw: a held-out task, a new user
+            r["heldout"], r["new_user"] = bool(plan and r["task_id"] in plan.heldout), bool(plan and plan.users == "new")
         with lock:
             report.add(res)
         tick(res.interactions)
@@ -222,12 +230,15 @@ def _run_user(user: User, budget: int, bank: list[SimTask], chat: Chat, post: Fe
 
 def simulate(cfg: Config, base_url: str | None = None, spec: SimSpec | None = None, *, chat: Chat | None = None,
              post: Feedbacks | None = None, bank: list[SimTask] | None = None, progress: bool = True) -> SimReport:
-    """Run simulated users against the gateway at base_url (or through `chat`/`post` given explicitly)."""
+    """Run simulated users against the gateway at base_url (or through `chat`/`post` given explicitly). Inside
+    heldout.planned(plan) (an experiment's cycle): the plan's bank, users and raters, and every request's record
+    appended to plan.records."""
     from tqdm import tqdm
 
     spec = spec or SimSpec.from_config(cfg)
-    users = make_users(spec.users, orgs_from_config(cfg), spec.seed)
-    bank = bank or select(load_bank(), cfg.simulate.tasks)
+    plan = heldout.current()
+    users = heldout.users_of(plan, spec.users, orgs_from_config(cfg), spec.seed)
+    bank = bank or (plan.bank if plan else None) or select(load_bank(), cfg.simulate.tasks)
     empty = sorted({u.org.org_id for u in users if not tasks_for(bank, u.org.org_id)})
     if empty:
         raise ValueError(f"simulate.tasks: no task left for the users of {empty}")
@@ -245,7 +256,7 @@ def simulate(cfg: Config, base_url: str | None = None, spec: SimSpec | None = No
     bar = tqdm(total=spec.interactions, desc="simulate", unit="req", disable=not progress, file=sys.stderr)
     try:
         with ThreadPoolExecutor(max_workers=spec.concurrency, thread_name_prefix="sim-user") as pool:
-            futures = [pool.submit(_run_user, u, b, bank, chat, post, spec, deadline, report, lock, bar.update)
+            futures = [pool.submit(_run_user, u, b, bank, chat, post, spec, deadline, report, lock, bar.update, plan)
                        for u, b in zip(users, budgets(users, spec.interactions), strict=True) if b > 0]
             for f in futures:
                 f.result()
@@ -254,6 +265,8 @@ def simulate(cfg: Config, base_url: str | None = None, spec: SimSpec | None = No
         if owned:
             owned.close()
     report.elapsed_s = time.monotonic() - t0
+    if plan is not None:
+        plan.records += sorted(report.requests, key=lambda r: r["user_id"])  # stable: each user's in order
     report.stopped_by = "time" if time.monotonic() >= deadline and report.interactions < spec.interactions else "budget"
     return report
 

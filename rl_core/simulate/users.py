@@ -20,15 +20,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from evals import sandbox
 from evals.judge import judge
 from evals.tools import Workspace, openai_tools
 from rl_core import toolcalls
+from rl_core.rewards.followup import dissatisfied
 from rl_core.schema import now_utc
 from rl_core.simulate import feedback as fb
 from rl_core.simulate.bank import SimTask
-from rl_core.simulate.features import CODE_BLOCK_RE, Answer
+from rl_core.simulate.features import CODE_BLOCK_RE, Answer, features_of
 from rl_core.simulate.personas import User
+from rl_core.simulate.raters import Rated, Rater
 
 TEST_LIMITS = sandbox.Limits(timeout_s=5.0, memory_mb=512)
 OUTCOMES = ("edit_passed", "edit_failed", "edit_convention", "broken_tool", "clarifying", "evasive", "tool_only")
@@ -63,6 +67,7 @@ class SessionResult:
     feedback: int = 0
     latencies_ms: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    requests: list[dict] = field(default_factory=list)  # one record per request (request_record)
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -87,9 +92,27 @@ def request_text(user: User, task: SimTask) -> str:
     return "".join(files) + ask
 
 
+def request_record(user: User, task: SimTask, sid: str, turn: int, reply: Reply, outcome: str,
+                   followup: str | None, rated: Rated) -> dict:
+    """What one request came to, as the user saw it (the protocol's raw per-request outcomes): the outcome, the
+    edit kept (persisted) or reverted, the follow-up and whether the rewards' lexicon calls it dissatisfied (as
+    `rtrl ab` does), the thumbs sent (after the rater) and what the rater dropped or flipped, the latency, the
+    version that answered and the answer's features."""
+    return {"event_id": reply.event_id, "user_id": user.user_id, "task_id": task.id, "session_id": sid,
+            "turn": turn, "outcome": outcome, "edit_persisted": outcome == "edit_passed",
+            "edit_reverted": outcome in ("edit_failed", "edit_convention"), "followup": followup,
+            "dissatisfied": bool(followup) and bool(dissatisfied(pa.array([followup]))[0].as_py()),
+            "thumbs": list(rated.given), "thumbs_dropped": rated.dropped, "thumbs_flipped": rated.flipped,
+            "latency_ms": round(reply.latency_ms, 1), "model_version": reply.model_version,
+            "features": sorted(k for k, v in features_of(reply.text, reply.tool_calls).items() if v)}
+
+
 def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budget: int, max_turns: int,
-                rng: random.Random, deadline: float | None = None) -> SessionResult:
-    """Drive one session until success, the user gives up, max_turns or the interaction budget is spent."""
+                rng: random.Random, deadline: float | None = None, rater: Rater | None = None,
+                record: bool = False) -> SessionResult:
+    """Drive one session until success, the user gives up, max_turns or the interaction budget is spent.
+    rater: the user's explicit ratings pass through it (raters.py; None: every rating, as meant).
+    record: keep each request's record in res.requests (an experiment's cycle; not a load test's millions)."""
     sid = str(uuid.UUID(int=rng.getrandbits(128)))
     res = SessionResult(user.user_id, task.id, sid)
     tools = openai_tools(task.task.tools)
@@ -110,6 +133,7 @@ def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budge
             if reply.model_version is not None:
                 res.versions.append(reply.model_version)
             events, outcome, say, tool_msgs = react(user, task, ws, reply, last_t, rng, asked)
+            events, rated = rater.rate(events) if rater else (events, _given(events))
             res.count(outcome)
             asked += outcome == "clarifying"
             res.success = outcome == "edit_passed"
@@ -118,10 +142,13 @@ def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budge
                              **({"tool_calls": reply.tool_calls} if reply.tool_calls else {})})
             messages += tool_msgs
             gave_up = strikes > user.persona.patience
+            text = None
             if say is not None or gave_up:
                 text = rng.choice(fb.GIVE_UP) if gave_up else say
                 events.append(fb.followup(reply.event_id, last_t, text, rng))
                 messages.append({"role": "user", "content": text})
+            if record:
+                res.requests.append(request_record(user, task, sid, turn, reply, outcome, text, rated))
             post(user, events)
             res.feedback += len(events)
             if res.success or gave_up:
@@ -129,11 +156,26 @@ def run_session(user: User, task: SimTask, chat: Chat, post: Feedbacks, *, budge
         if last is not None:
             end = fb.session_end(last.event_id, last_t + timedelta(seconds=1), success=res.success,
                                  persona=user.persona, rng=rng)
+            end, rated = rater.rate(end) if rater else (end, _given(end))
+            if res.requests:
+                _add_rating(res.requests[-1], rated)
             post(user, end)
             res.feedback += len(end)
         return res
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _given(events: list[fb.Feedback]) -> Rated:
+    """The thumbs of events as sent, with no rater in between."""
+    return Rated([bool(e.value_bool) for e in events if e.kind == "thumbs"])
+
+
+def _add_rating(record: dict, rated: Rated) -> None:
+    """The session's closing rating counts on the request it rates (the last one)."""
+    record["thumbs"] += rated.given
+    record["thumbs_dropped"] += rated.dropped
+    record["thumbs_flipped"] += rated.flipped
 
 
 def react(user: User, task: SimTask, ws: Workspace, reply: Reply, t: datetime, rng: random.Random,

@@ -1,0 +1,110 @@
+"""What a protocol's runs leave where people look: the results table (results.md) and the MLflow runs of each
+seed's test and of the rule over the seeds. Read from the summaries alone, so `--report` rewrites them."""
+
+from __future__ import annotations
+
+from rl_core.config import Config
+from rl_core.ids import mlflow_filter_value
+from rl_core.registry import store
+
+
+def log_summary(cfg: Config, summary: dict) -> str:
+    """The seed's test where operators compare runs: an MLflow run `protocol-<name>-seed<k>` in the `learning`
+    experiment, the test's numbers as metrics grouped `protocol/*` (the paired difference, the feature's; for org
+    protocols the DiD, each org's move and guard; the per-user paired test of every outcome users saw,
+    `protocol/outcome/<metric>/*`, where the summary has them), each registered check as a tag `check.<name>` with
+    `all_checks_pass` (the seed's; a rule over several seeds also needs pooled.json), and the summary JSON itself.
+    Returns the run id."""
+    orgs = summary.get("orgs") or {}
+    groups = {"primary": summary.get("primary"), "feature": summary.get("feature_rate_paired"),
+              "did": orgs.get("did"), **{f"org/{o}": m for o, m in (orgs.get("org_moves") or {}).items()},
+              **{f"guard/{o}": g for o, g in (orgs.get("guard") or {}).items()},
+              **{f"outcome/{m}": p for m, p in ((summary.get("outcomes") or {}).get("paired") or {}).items()}}
+    metrics = {f"protocol/{g}/{k}": float(v) for g, d in groups.items() if d for k, v in d.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    checks = summary["checks"]
+    c = store.client(cfg)
+    name = f"protocol-{summary['protocol']}-seed{summary['seed']}"
+    run = c.create_run(store.experiment_id(cfg, "learning"), run_name=name,
+                       tags={"kind": "protocol", "protocol": summary["protocol"], "seed": str(summary["seed"]),
+                             "commit": summary["commit"], "protocol_sha256": summary["protocol_sha256"],
+                             "all_checks_pass": str(all(checks.values())).lower(),
+                             **{f"check.{k}": str(v).lower() for k, v in checks.items()}})
+    for k, v in metrics.items():
+        c.log_metric(run.info.run_id, k, v)
+    c.log_dict(run.info.run_id, summary, f"summary-seed{summary['seed']}.json")
+    c.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def log_pooled(cfg: Config, pool: dict) -> str:
+    """The rule over the seeds where operators look: one MLflow run `protocol-<name>-pooled` in the `learning`
+    experiment (the invoking RTRL_HOME's; each seed's own run is in its seed's home), the pooled numbers as metrics
+    `protocol/pooled/*`, `success` and the seeds as tags, pooled.json itself. A rerun (`--report`) updates the
+    same run rather than adding one. Returns the run id."""
+    c, name = store.client(cfg), f"protocol-{pool['protocol']}-pooled"
+    exp = store.experiment_id(cfg, "learning")
+    old = c.search_runs([exp], f"tags.protocol_pooled = {mlflow_filter_value(pool['protocol'])}", max_results=1)
+    run_id = old[0].info.run_id if old else c.create_run(exp, run_name=name, tags={
+        "kind": "protocol", "protocol_pooled": pool["protocol"], "protocol": pool["protocol"]}).info.run_id
+    for k, v in {"success": str(pool["success"]).lower(), "seeds": ",".join(map(str, pool["seeds"]))}.items():
+        c.set_tag(run_id, k, v)
+    for k in ("diff", "se", "ci_low", "ci_high", "n_users", "seeds_excluding_zero"):
+        if isinstance(pool.get(k), int | float):
+            c.log_metric(run_id, f"protocol/pooled/{k}", float(pool[k]))
+    c.log_dict(run_id, pool, "pooled.json")
+    c.set_terminated(run_id)
+    return run_id
+
+
+def markdown(summaries: list[dict], pool: dict | None) -> str:
+    """One row per seed (the registered test and every check), then the pooled line."""
+    f = "{:+.3f}".format
+    what = {s.get("primary_metric", "mean_reward") for s in summaries} - {"mean_reward"}
+    label = "edits persisted" if what == {"edit_persisted_rate"} else "reward"  # the primary's per-user mean
+    lines = [f"| seed | users | v1 {label} | last {label} | paired diff | 95% CI | feature rate first -> last | "
+             "eval | monitors | A/B | minutes |", "|" + "---|" * 11]
+    for s in summaries:
+        p, first, last = s["primary"], s["cycles"][0], s["cycles"][-1]
+        fr0, fr1 = first["feature_rates"][s["feature"]], last["feature_rates"][s["feature"]]
+        ck = s["checks"]
+        if "orgs" in s:
+            lines.append(_org_row(s))
+            continue
+        lines.append(
+            f"| {s['seed']} | {p['n_users'] if p else 0} | {f(p['first_mean']) if p else 'n/a'} | "
+            f"{f(p['last_mean']) if p else 'n/a'} | {f(p['diff']) if p else 'n/a'} | "
+            + (f"[{f(p['ci_low'])}, {f(p['ci_high'])}]" if p else "n/a")
+            + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {_eval(s)} | "
+            f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
+    if pool and pool.get("kind") == "did" and not pool["did"]:
+        lines += ["", f"pooled DiD over seeds {pool['seeds']}: n/a (an org has fewer than 2 users); success: False"]
+    elif pool and pool.get("kind") == "did":
+        moves = ", ".join(f"{o} {'+' if m['want'] else '-'}: {f(m['mean_rate_change'])}" for o, m in pool["org_moves"].items())
+        lines += ["", f"pooled DiD over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
+                      f"(SE {pool['se']:.3f}, Welch 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); {moves}; "
+                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero; every other check in every seed: "
+                      f"{pool['every_other_check_in_every_seed']}; success: {pool['success']}"]
+    elif pool:
+        lines += ["", f"pooled over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
+                      f"(SE {pool['se']:.3f}, 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); "
+                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero; success: {pool['success']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _eval(s: dict) -> str:
+    """The eval verdict of the update: ok, REGRESSION, or none when no update got that far."""
+    if not any("eval" in c["verdicts"] for c in s["cycles"]):
+        return "no eval (" + ", ".join(f"{k} failed" for c in s["cycles"] for k, v in c["verdicts"].items() if not v) + ")"
+    return "ok" if s["checks"]["eval_no_regression"] else "REGRESSION"
+
+
+def _org_row(s: dict) -> str:
+    """An orgs-protocol seed in the same table: the DiD in the diff columns, each org's move in the feature's."""
+    o, d = s["orgs"], s["orgs"]["did"]
+    moves = ", ".join(f"{org} {'+' if m['want'] else '-'}: {m['mean_rate_change']:+.3f}"
+                      for org, m in o["org_moves"].items() if m["mean_rate_change"] is not None)
+    ci = f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" if d else "n/a"
+    return (f"| {s['seed']} | {d['n_a'] + d['n_b'] if d else 0} | | | DiD {d['diff'] if d else float('nan'):+.3f} | {ci} "
+            f"| {moves} | {'ok' if o['checks']['shared_suite_no_regression'] else 'REGRESSION'} | "
+            f"{'isolated' if o['checks']['adapters_isolated'] else 'LEAK'} | {s['ab']['decision']} | {s['minutes']} |")
