@@ -15,6 +15,7 @@ The baseline's suite run is cached (evals/cache.py), so it runs once for all sig
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sigma", type=float, nargs="+", default=[0.05], help="noise scale(s), relative to each matrix")
     p.add_argument("--seed", type=int, default=0, help="noise seed")
     p.add_argument("--limit", type=int, default=0, help="only this many tasks (a smoke run)")
+    p.add_argument("--json", default=None, help="write the rows (and each side's per-task outcomes) here")
     args = p.parse_args(argv)
 
     from evals import cache
@@ -91,6 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     for sigma, _, r, _ in rows:
         for reason in r.reasons:
             print(f"- sigma {sigma:g}: {reason}")
+    if args.json:
+        meta = {"model": cfg.model.base, "tasks": len(tasks), "samples": budget.samples, "seed": budget.seed,
+                "temperature": budget.temperature, "max_tokens": budget.max_tokens, "tolerance": ec.tolerance,
+                "z": ec.z, "power": ec.power, "max_mde": ec.max_mde, "noise_seed": args.seed}
+        out = [{"sigma": sigma, "verdict": r.verdict, "refused": not r.passed, "reasons": r.reasons,
+                "seconds": round(dt), **{k: getattr(m, k) for k in ("n", "n_pairs", "candidate_mean", "baseline_mean",
+                                                                   "mean_diff", "se", "ci_low", "ci_high", "mde")}}
+               for sigma, m, r, dt in rows]
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": out}, indent=1) + "\n")
     return 0
 
 

@@ -25,6 +25,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from statistics import NormalDist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -102,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     print("| comparisons | refused (any reason) | rate | 95% CI (Wilson) | refused for pass rate | "
           "underpowered | mean detectable change | nominal (one-sided, per metric) |")
     print("|---|---:|---:|---|---:|---:|---:|---:|")
-    nominal = 1 - __import__("statistics").NormalDist().cdf(ec.z)
+    nominal = 1 - NormalDist().cdf(ec.z)
+    summary = {}
     for name, vs in ((f"{args.splits} random splits", verdicts), (f"{len(disjoint)} disjoint", disjoint)):
         refused = sum(not v.passed for v in vs)
         by_pass = sum(any(m.regression for m in v.metrics if m.metric == "passed") for v in vs)
         under = sum(v.verdict == "underpowered" for v in vs)
         mde = sum(next(m.mde for m in v.metrics if m.metric == "passed") for v in vs) / len(vs)
         lo, hi = wilson(refused, len(vs))
+        summary[name] = {"comparisons": len(vs), "refused": refused, "rate": refused / len(vs), "wilson": [lo, hi],
+                         "refused_for_pass_rate": by_pass, "underpowered": under, "mean_mde": mde}
         print(f"| {name} | {refused} | {refused / len(vs):.3f} | [{lo:.3f}, {hi:.3f}] | {by_pass} | {under} | "
               f"{mde:.3f} | {nominal:.3f} |")
     by_metric = {m.metric: sum(any(x.regression for x in v.metrics if x.metric == m.metric) for v in verdicts)
@@ -118,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         rows: dict[str, list[int]] = {}
         for r in pool:
             rows.setdefault(r.task_id, []).append(int(r.passed))
-        Path(args.json).write_text(json.dumps({"pass_rate": pass_rate, "samples": args.samples, "seed": args.seed,
-                                               "tasks": rows}, indent=1) + "\n")
+        meta = {"model": cfg.model.base, "tasks": len(tasks), "samples": args.samples, "seed": args.seed, "k": k,
+                "temperature": budget.temperature, "max_tokens": budget.max_tokens, "tolerance": ec.tolerance,
+                "z": ec.z, "power": ec.power, "max_mde": ec.max_mde, "nominal": nominal, "seconds": round(run_s)}
+        Path(args.json).write_text(json.dumps({"meta": meta, "pass_rate": pass_rate, "comparisons": summary,
+                                               "refusals_by_metric": by_metric, "tasks": rows}, indent=1) + "\n")
     return 0
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from evals import humaneval, report
 from evals.harness import Budget
-from evals.policies import LocalPolicy, OpenAIPolicy
+from evals.policies import EnginePolicy, OpenAIPolicy
 from evals.tasks import load_tasks
 from rl_core.config import Config, load_config
 
@@ -49,8 +49,8 @@ def _policy(cfg: Config, args, version: int | None):
     if args.base_url:
         return OpenAIPolicy(args.base_url, args.model, args.api_key)
     if args.checkpoint:
-        return LocalPolicy(args.checkpoint, cfg.model.dtype)
-    return LocalPolicy(checkpoint_path(cfg, version), cfg.model.dtype, name=f"rtrl-policy/{version}")
+        return EnginePolicy(args.checkpoint, cfg)
+    return EnginePolicy(checkpoint_path(cfg, version), cfg, name=f"rtrl-policy/{version}")
 
 
 def _run(args) -> int:
@@ -78,7 +78,12 @@ def _humaneval(cfg: Config, args, workers: int) -> int:
             print("rtrl eval --suite humaneval --solutions model: give --version, --checkpoint or --base-url",
                   file=sys.stderr)
             return 2
-        completions = humaneval.policy_completions(problems, _policy(cfg, args, args.version), cfg.eval.max_tokens)
+        policy = _policy(cfg, args, args.version)
+        try:
+            completions = humaneval.policy_completions(problems, policy, cfg.eval.max_tokens)
+        finally:
+            if isinstance(policy, EnginePolicy):
+                policy.close()
     results = humaneval.run_solutions(problems, completions, workers, cfg.eval.timeout_s, not args.no_progress)
     n_pass = sum(r.passed for r in results)
     for r in results:
@@ -110,11 +115,16 @@ def _cursorbench(cfg: Config, args, workers: int) -> int:
         print(text)
         status = 0 if result.passed else 1
     else:
-        results = run_suite(tasks, policy, Budget.from_config(cfg.eval), workers, not args.no_progress)
+        try:
+            results = run_suite(tasks, policy, Budget.from_config(cfg.eval), workers, not args.no_progress)
+        finally:
+            if isinstance(policy, EnginePolicy):
+                policy.close()
         lake = lake_from_config(cfg)
         lake.write_parquet(f"{lake.run(run_id).eval}/results.parquet", results_table(results, label))
         columns = {label: aggregate(results)}
-        text = f"# eval {run_id}: {policy.name} on {len(tasks)} tasks\n\n" + report.metrics_table(columns) + "\n"
+        text = (f"# eval {run_id}: {policy.name} on {len(tasks)} tasks x {cfg.eval.samples} samples\n\n"
+                + report.metrics_table(columns) + "\n")
         print(text)
         status = 0
     if args.version:

@@ -42,9 +42,9 @@ def _r(task: str, sample: int, passed: bool) -> TaskResult:
 def test_a_code_block_is_applied_to_the_target_and_judged():
     p = Pasting()
     results = [run_episode(ADD, p, Budget(samples=1, seed=s), 0) for s in range(12)]
-    applied_and_fixed = [r.passed for r, s in zip(results, p.seeds) if s % 2 == 0]
+    applied_and_fixed = [r.passed for r, s in zip(results, p.seeds, strict=True) if s % 2 == 0]
     assert applied_and_fixed and all(applied_and_fixed)  # the block replaced calc.py and the hidden test ran on it
-    assert not any(r.passed for r, s in zip(results, p.seeds) if s % 2 == 1)
+    assert not any(r.passed for r, s in zip(results, p.seeds, strict=True) if s % 2 == 1)
     untargeted = run_episode(ADD.model_copy(update={"target": ""}), Pasting(), Budget(seed=0))
     assert not untargeted.passed  # no target: a code block stays an answer, as in the old suite
 

