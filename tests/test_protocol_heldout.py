@@ -72,8 +72,15 @@ def test_band_tasks_become_simulator_tasks_with_their_target_and_an_answer():
     assert own.target == "mathx.py" and own.answer == "it is in mathx.py, just make it work"
 
 
+def _has_runs(path) -> bool:
+    """A protocol with a committed summary: written before the held-out fields, and run as written."""
+    return any(path.stem in f.name for f in (REPO / "docs/results").glob("*-seed*.json"))
+
+
 def test_an_old_protocol_file_loads_with_identical_effective_settings(cfg):
-    for path in sorted((REPO / "bench/protocols").glob("*.toml")):
+    old = [p for p in sorted((REPO / "bench/protocols").glob("*.toml")) if _has_runs(p) or p.stem == "tiny"]
+    assert len(old) >= 15
+    for path in old:
         table = tomllib.loads(path.read_text())["protocol"]
         assert not set(table) & set(NEW_FIELDS), path  # the shipped files predate these fields
         proto = load_protocol(path)
@@ -241,6 +248,19 @@ def test_the_summary_judges_a_guard_on_its_ci_and_the_primary_on_edits_persistin
     assert pool["n_users"] == 12 and pool["diff"] == pytest.approx((0.25 + 0.125) / 2)
     assert sure["outcomes"]["first"]["edit_persisted_rate"]["rate"] == 0.5
     assert sure["outcomes"]["requests_two_proportion"]["edit_persisted_rate"]["diff"] == pytest.approx(0.25)
+
+
+def test_the_primary_can_be_the_feature_rate_measured_from_the_answers(cfg):
+    """With sparse raters the reward sees few thumbs; the feature's per-user rate is read from every answer."""
+    proto = Protocol(**{**load_protocol(TINY).model_dump(), "primary": "feature_rate", "feature": "writes_code"})
+    judged = {"monitors": {"passed": True, "reasons": []}, "ab": {"decision": "promote"}}
+    first = {f"u{i}": [True, False, False, False] for i in range(6)}
+    last = {f"u{i}": [True, True, True, False] for i in range(6)}
+    curves = [CycleMetrics(k, f"c{k}", 0, 24, 24, 0.0, None, None, None, None, None, None, {}, {},
+                           requests=_records(r), window=["a", "b"]) for k, r in ((1, first), (2, last))]
+    s = seed_summary(proto, TINY, 0, curves, judged, 1.0, "c")
+    assert s["primary_metric"] == "feature_rate" and s["primary"]["diff"] == pytest.approx(0.5)
+    assert s["checks"]["ci_excludes_zero"] and "feature_rises" not in s["checks"]
 
 
 def test_the_replay_guard_can_be_a_non_inferiority_test_and_always_reports_one(cfg):

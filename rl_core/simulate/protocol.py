@@ -113,9 +113,11 @@ def seed_summary(proto: Protocol, path: Path, seed: int, curves: list[CycleMetri
 
 def _primary(proto: Protocol, first: CycleMetrics, last: CycleMetrics) -> tuple[Paired | None, dict[str, float]]:
     """The registered paired test and its per-user differences (pooled over seeds): each user's mean reward, or
-    each user's rate of edits persisting (measured cycle - first)."""
-    if proto.primary == "edit_persisted_rate":
-        a, b = (outcomes.user_rates(c.requests, "edit_persisted_rate") for c in (first, last))
+    each user's rate of edits persisting, or each user's rate of answers with the protocol's feature (measured
+    cycle - first)."""
+    if proto.primary in ("edit_persisted_rate", "feature_rate"):
+        metric = proto.feature if proto.primary == "feature_rate" else proto.primary
+        a, b = (outcomes.user_rates(c.requests, metric) for c in (first, last))
     else:
         a, b = first.user_reward, last.user_reward
     return paired(a, b), {u: b[u] - a[u] for u in sorted(set(a) & set(b))}
@@ -158,10 +160,11 @@ def pooled(summaries: list[dict], proto: Protocol) -> dict:
     n = len(d)
     mean, se, lo, hi = t_interval(d)
     seeds_ok = sum(bool(s["primary"] and s["primary"]["ci_low"] > 0) for s in summaries)
+    seeds_below = sum(bool(s["primary"] and s["primary"]["ci_high"] < 0) for s in summaries)
     out = {"protocol": proto.name, "seeds": [s["seed"] for s in summaries], "n_users": n, "diff": mean, "se": se,
-           "ci_low": lo, "ci_high": hi, "seeds_excluding_zero": seeds_ok}
+           "ci_low": lo, "ci_high": hi, "seeds_excluding_zero": seeds_ok, "seeds_below_zero": seeds_below}
     out["success"] = bool(len(summaries) == len(proto.seeds) and seeds_ok >= proto.min_seeds_excluding_zero
-                          and out["ci_low"] > 0
+                          and seeds_below == 0 and out["ci_low"] > 0
                           and all(s["checks"][k] for s in summaries for k in s["checks"] if k != "ci_excludes_zero"))
     return out
 

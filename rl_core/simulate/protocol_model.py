@@ -43,8 +43,9 @@ class Protocol(BaseModel):
     feature: str  # the preferred feature whose rate must move (checked against the config's preferences)
     choice: str = ""  # how the feature was chosen (from the census, before any update), in words
     # the DiDs: rl_core/simulate/org_protocol.py; edit_persisted_rate: each user's rate of edits persisting,
-    # measured cycle - first, paired t 95% CI (rl_core/simulate/outcomes.py)
-    primary: Literal["mean_reward", "feature_did", "replay_did", "edit_persisted_rate"] = "mean_reward"
+    # measured cycle - first, paired t 95% CI (rl_core/simulate/outcomes.py); feature_rate: each user's rate of
+    # answers with `feature`, measured from the answers themselves (not through sparse ratings), paired t 95% CI
+    primary: Literal["mean_reward", "feature_did", "replay_did", "edit_persisted_rate", "feature_rate"] = "mean_reward"
     # live: the last cycle is measured on live simulated traffic; replay (orgs only): instead of a last live
     # cycle, the trained cycle's requests are replayed to the base version and to each org's adapter,
     # replay_samples times each (rl_core/simulate/replay.py)
@@ -125,8 +126,8 @@ def check_design(path: Path, proto: Protocol, task_ids: list[str], orgs: list[st
                   "so v1 serves them in the baseline cycle")
     if proto.baseline and not proto.held_out:
         raise bad("protocol.baseline needs heldout > 0 or new_users = true (it serves v1 the measured requests)")
-    if proto.primary == "edit_persisted_rate" and (proto.dag != "cycle" or proto.measure != "live"):
-        raise bad("protocol.primary = \"edit_persisted_rate\" needs dag = \"cycle\" and measure = \"live\"")
+    if proto.primary in ("edit_persisted_rate", "feature_rate") and (proto.dag != "cycle" or proto.measure != "live"):
+        raise bad(f"protocol.primary = \"{proto.primary}\" needs dag = \"cycle\" and measure = \"live\"")
     unknown = [m for m in proto.noninferior if m not in OUTCOME_METRICS and m not in FEATURES]
     if unknown or (proto.noninferior and proto.measure != "live"):
         raise bad(f"protocol.noninferior {unknown or proto.noninferior}: each must be one of "
