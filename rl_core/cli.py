@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ab": ("rl_core.registry.cli:add_ab", "A/B verdict (promote / rollback / continue) from logged outcomes"),
     "promote": ("rl_core.registry.cli:add_promote", "move `champion` to the challenger"),
     "rollback": ("rl_core.registry.cli:add_rollback", "restore the previous champion / drop the challenger"),
+    "registry": ("rl_core.registry.cli:add_registry", "aliases, rtrl's record of its moves, alias drift (--adopt / --revert)"),
     "simulate": ("rl_core.simulate.cli:add_simulate", "simulated users driving the real HTTP API"),
     "experiment": ("rl_core.simulate.experiment:add_experiment", "run K full cycles and log learning curves"),
     "cycle": ("rl_core.cycle:add_cycle", "one whole cycle: init, serve, simulate, DAG run, report"),

@@ -10,12 +10,16 @@ and in the registry (the version registered for the run, the `challenger` alias)
     registered v<N> -> challenger       (or `registered v<N>, challenger not moved`)
     dry run: ...                        (everything computed, nothing registered)
 
-followed by the A/B decision with its per-arm counts when the window had a live challenger.
+followed by the A/B decision with its per-arm counts when the window had a live challenger, and by
+`alias drift: ...` when an alias was moved outside rtrl (rl_core/registry/drift.py, checked here as by every
+alias move): rtrl then refuses to move aliases, so the outcome is not ok and the run stays red until an operator
+settles it (`rtrl registry --adopt` or `--revert`). A challenger that deploy did not move says why (the first
+reason of the promotion verdict, e.g. the drift).
 
 The same outcome goes to MLflow for every window, skipped and refused ones included: one run per cycle in the
 experiment `<mlflow.experiment>-cycles`, named after the cycle's run id, with tags `outcome` (the kind),
-`reason`, `window`, `airflow.run_id`, `run_id` and the line as the run's description; a rerun of the window
-updates the same run.
+`reason`, `window`, `airflow.run_id`, `run_id`, `alias_drift` and the line as the run's description; a rerun of
+the window updates the same run.
 """
 
 from __future__ import annotations
@@ -42,11 +46,12 @@ class Outcome:
     line: str  # the whole one-line outcome, A/B decision included
     ab: str = ""  # the A/B part of the line ("" when there was no A/B)
     version: int | None = None
+    drift: str = ""  # aliases moved outside rtrl, in words ("" when none)
 
     @property
     def ok(self) -> bool:
-        """False when the run failed or was refused: its DAG run must end failed."""
-        return self.kind not in ("refused", "failed")
+        """False when the run failed or was refused, or aliases drifted: its DAG run must end failed."""
+        return self.kind not in ("refused", "failed") and not self.drift
 
 
 def short_states(states: dict[str, Any]) -> dict[str, str]:
@@ -125,8 +130,10 @@ def _finished(cfg: Config, run_id: str, states: dict[str, str], dry_run: bool) -
     version = find_version(cfg, run_id)
     if version is None:
         return "done", "no version registered for the run", None
-    moved = version_for_alias(cfg, "challenger") == version
-    return "registered", f"v{version} -> challenger" if moved else f"v{version}, challenger not moved", version
+    if version_for_alias(cfg, "challenger") == version:
+        return "registered", f"v{version} -> challenger", version
+    refusal = _refusal("gate_promotion", read_verdicts(Lake(cfg.lake_root), run_id))  # deploy's own refusal
+    return "registered", f"v{version}, challenger not moved" + (f": {refusal}" if refusal else ""), version
 
 
 def read_manifest(cfg: Config, run_id: str) -> dict | None:
@@ -153,7 +160,21 @@ def settle(cfg: Config, run_id: str | None, states: dict[str, Any], ab: dict | N
     line = head.get(kind, "") + reason
     if ab_text:
         line += f" | {ab_text}"
-    return Outcome(kind, reason, " ".join(line.split()), ab_text, version)
+    drift_text = drift_part(cfg)
+    if drift_text:
+        line += f" | {drift_text}"
+    return Outcome(kind, reason, " ".join(line.split()), ab_text, version, drift_text)
+
+
+def drift_part(cfg: Config) -> str:
+    """`alias drift: <each drift>; settle ...`, or "" when MLflow's aliases are where rtrl last put them."""
+    from rl_core.registry import drift  # lazy: heavy (mlflow)
+
+    found = drift.check(cfg)
+    if not found:
+        return ""
+    return ("alias drift: " + "; ".join(d.describe() for d in found)
+            + " (rtrl moves no alias until `rtrl registry --adopt` or `--revert`)")
 
 
 def record(cfg: Config, outcome: Outcome, run_id: str, window: str, airflow_run_id: str) -> str:
@@ -167,7 +188,7 @@ def record(cfg: Config, outcome: Outcome, run_id: str, window: str, airflow_run_
                                                                                              "kind": "cycle"}).info.run_id
     tags = {"outcome": outcome.kind, "reason": outcome.reason, "window": window, "airflow.run_id": airflow_run_id,
             "ab": outcome.ab, "version": "" if outcome.version is None else str(outcome.version),
-            "mlflow.note.content": outcome.line}
+            "alias_drift": outcome.drift, "mlflow.note.content": outcome.line}
     for key, value in tags.items():
         c.set_tag(mlflow_run, key, value)
     c.set_terminated(mlflow_run, status="FINISHED" if outcome.ok else "FAILED")

@@ -3,7 +3,11 @@
 One MLflow run per analysed window (tag ab_window), reused when the same window is analysed again, so
 a rerun overwrites its artifacts instead of piling up runs. It is named `ab-<since>-<until>`, its times in the
 format of the cycles' run ids (rl_core/window.py: `ab-20261202T0500-20261202T1000`). Decision and versions are tags (a late
-rerun with more feedback may change them; MLflow params could not be changed).
+rerun with more feedback may change them; MLflow params could not be changed). The deciding numbers are also
+under `_decide/` (rl_core/registry/layout.AB_DECIDE: counts per arm, the primary metric's difference, interval
+and p, the reward's), the report and chart are at the run's root as well as under `ab/` (MLflow's compare view
+shows only root files), and the run's description (tag mlflow.note.content) states the decision, the counts
+and the reasons.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
 from rl_core.lake import Lake
-from rl_core.registry import card, store
+from rl_core.registry import card, layout, store
 from rl_core.window import _stamp
 
 ARTIFACT_DIR = "ab"
@@ -30,6 +34,27 @@ def window_key(result) -> str:
 def run_name(result) -> str:
     """`ab-<since>-<until>`, the times as in a cycle's run id (`cycle-20261202T1000`)."""
     return f"ab-{_stamp(result.since)}-{_stamp(result.until)}"
+
+
+def decide_metrics(result, primary: str) -> dict[str, float]:
+    """_decide/* of the A/B run (layout.AB_DECIDE)."""
+    out = {f"n_{arm}": float(result.n.get(arm, 0)) for arm in ("champion", "challenger")}
+    for prefix, name in (("primary", primary), ("reward", "reward")):
+        m = result.metrics.get(name)
+        if m is not None:
+            out |= {f"{prefix}_diff": m.diff, f"{prefix}_p": m.p_value}
+            if prefix == "primary":
+                out |= {"primary_lo": m.lo, "primary_hi": m.hi}
+    return {layout.decide_key(k): float(v) for k, v in out.items()}
+
+
+def note(result) -> str:
+    """The A/B run's description: the decision, what it rests on, every reason."""
+    counts = ", ".join(f"{arm} n={result.n.get(arm, 0)} ({result.users.get(arm, 0)} users)"
+                       for arm in ("champion", "challenger"))
+    lines = [f"**A/B {result.decision}**: challenger v{result.challenger_version} vs champion "
+             f"v{result.champion_version}, {counts}", ""] + [f"- {r}" for r in result.reasons]
+    return "\n".join(lines)[:8000]
 
 
 def to_markdown(result) -> str:
@@ -109,16 +134,20 @@ def publish(cfg: Config, result) -> None:
             "until": result.until.isoformat(), "cuped": result.cuped}
     for k, v in tags.items():
         c.set_tag(run_id, k, str(v))
+    c.set_tag(run_id, card.NOTE, note(result))
     values = {f"ab/n_{arm}": float(n) for arm, n in result.n.items()}
     for m in result.metrics.values():
         for field in ("champion", "challenger", "diff", "lo", "hi", "p_value"):
             values[f"ab/{m.name}_{field}"] = float(getattr(m, field))
+    values |= decide_metrics(result, cfg.ab.primary)
     stamp = int(result.until.timestamp() * 1000)
     c.log_batch(run_id, metrics=[Metric(k, v, stamp, 0) for k, v in values.items() if math.isfinite(v)])
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():
             (Path(tmp) / name).write_bytes(data)
         c.log_artifacts(run_id, tmp, ARTIFACT_DIR)
+        for name in layout.COMMON_FILES["ab"]:  # at the root too: the compare view shows only root files
+            c.log_artifact(run_id, str(Path(tmp) / name))
     c.set_terminated(run_id)
     result.mlflow_run_id = run_id
     card.log_ab(cfg, result)  # ab/* on the challenger's own run, beside its train/reward/eval metrics

@@ -8,11 +8,15 @@ prefix per source and never under two names:
     reward/*   the training episodes' rewards: mean, spread, each component's mean
     eval/*     the eval suite: the candidate's rates, the parent's pass rate, the deltas per category
     monitor/*  the reward-hacking rates once the version served, and their rise over its parent
-    ab/*       the A/B comparison with the champion: each metric's difference, interval and p-value
+    ab/*       the A/B comparison with the champion: per-arm counts, each metric's difference, interval, p-value
+    _decide/*  the few that decide, copied from the above (rl_core/registry/layout.VERSION_DECIDE): first in the
+               compare view's sorted list and the runs table's columns (layout.py says why)
 
-The reports behind them are artifacts of the same run (eval/, verdicts/, monitors/, charts/*.png), and the
-version's description opens with a short table (parent, window, episodes, reward, KL, eval deltas, verdicts,
-monitors, A/B) above the alias history that rl_core/registry/store.py appends. Nothing here moves an alias.
+The reports behind them are artifacts of the same run (eval/, verdicts/, monitors/, charts/*.png, and the same
+files at the run's root for the compare view: rl_core/registry/card_files.py), and the version's description
+opens with a short table (parent, window, episodes, reward, KL, eval deltas with the interval, verdicts,
+monitors, A/B with its counts and reason) above the alias history that rl_core/registry/store.py appends; the
+run's description (tag mlflow.note.content) and its card.md hold the same. Nothing here moves an alias.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import pyarrow.compute as pc
 
 from rl_core.config import Config
 from rl_core.lake import Lake
-from rl_core.registry import store
+from rl_core.registry import card_files, layout, store
 from rl_core.reports import Verdict, read_verdicts
 from rl_core.schema import SIGNALS
+
+NOTE = "mlflow.note.content"  # a run's description in the MLflow UI
 
 
 def _finite(d: dict[str, Any]) -> dict[str, float]:
@@ -59,9 +65,15 @@ def reward_metrics(t: pa.Table | None) -> dict[str, float]:
     return _finite(out)
 
 
-def eval_metrics(details: dict[str, Any]) -> dict[str, float]:
-    """eval/*: from the eval verdict's details (candidate_* and baseline_* aggregates of evals.compare)."""
+def eval_metrics(details: dict[str, Any], z: float = 1.96) -> dict[str, float]:
+    """eval/*: from the eval verdict's details (candidate_* and baseline_* aggregates of evals.compare), and the
+    paired difference's interval (diff_* +- z * se_*) as eval/ci_lo_* and eval/ci_hi_*."""
     out: dict[str, Any] = {}
+    for k, v in details.items():
+        se = details.get(f"se_{k.removeprefix('diff_')}")
+        if k.startswith("diff_") and isinstance(v, (int, float)) and isinstance(se, (int, float)):
+            out[f"eval/ci_lo_{k.removeprefix('diff_')}"] = v - z * se
+            out[f"eval/ci_hi_{k.removeprefix('diff_')}"] = v + z * se
     for k, v in details.items():
         if k.startswith("candidate_") and k != "candidate_cached":
             out[f"eval/{k.removeprefix('candidate_')}"] = v
@@ -86,60 +98,27 @@ def run_of(cfg: Config, version: int) -> str:
     return store.get_version(cfg, version).run_id
 
 
-def _charts(run_id: str, rewards_table: pa.Table | None, metrics: dict[str, float], out: Path) -> None:
-    """charts/reward_hist.png (the episodes' rewards) and charts/eval_deltas.png (pass-rate delta per category)."""
-    import matplotlib  # heavy: imported only when a card is drawn
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if rewards_table is not None:
-        rewards = rewards_table["reward"].to_pylist()
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.hist([r for r in rewards if r is not None], bins=20, color="#3b7dd8")
-        ax.set(title=f"{run_id}: episode rewards (n={len(rewards)})", xlabel="reward", ylabel="episodes")
-        fig.tight_layout()
-        fig.savefig(out / "reward_hist.png", dpi=110)
-        plt.close(fig)
-    deltas = {k.removeprefix("eval/delta_pass_rate").lstrip("_") or "all": v
-              for k, v in metrics.items() if k.startswith("eval/delta_pass_rate")}
-    if deltas:
-        fig, ax = plt.subplots(figsize=(6, 0.45 * len(deltas) + 1.4))
-        names = sorted(deltas)
-        ax.barh(names, [deltas[n] for n in names], color=["#2a9d55" if deltas[n] >= 0 else "#d1495b" for n in names])
-        ax.axvline(0, color="black", lw=0.8)
-        ax.set(title=f"{run_id}: eval pass-rate delta vs parent", xlabel="candidate - parent")
-        fig.tight_layout()
-        fig.savefig(out / "eval_deltas.png", dpi=110)
-        plt.close(fig)
-
-
 def log_cycle(cfg: Config, run_id: str, version: int) -> None:
     """At registration: reward/* and eval/* metrics, the eval report, the verdicts and the charts on the version's
-    run, then the description table. Safe to repeat (a rerun logs the same values and files again)."""
+    run (rl_core/registry/card_files.py), then the description. Safe to repeat (a rerun logs the same again)."""
     lake = Lake(cfg.lake_root)
     mlflow_run = run_of(cfg, version)
     verdicts = read_verdicts(lake, run_id)
     rewards = read_rewards(lake, run_id)  # read once: the metrics and the histogram
-    metrics = reward_metrics(rewards) | (eval_metrics(verdicts["eval"].details) if "eval" in verdicts else {})
+    metrics = reward_metrics(rewards)
+    if "eval" in verdicts:
+        metrics |= eval_metrics(verdicts["eval"].details, cfg.eval.z)
     c = store.client(cfg)
-    c.update_run(mlflow_run, name=f"v{version}-{run_id}")  # the version first: the runs table cuts long names
     _log_batch(c, mlflow_run, metrics)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for sub in ("eval", "verdicts", "charts"):
-            (root / sub).mkdir()
-        for name, v in verdicts.items():
-            (root / "verdicts" / f"{name}.json").write_text(v.model_dump_json(indent=2))
-        for name in ("report.md", "comparison.json", "results.parquet"):
-            rel = f"{lake.run(run_id).eval}/{name}"
-            if lake.exists(rel):
-                with lake.fs.open(lake.path(rel), "rb") as f:
-                    (root / "eval" / name).write_bytes(f.read())
-        _charts(run_id, rewards, metrics, root / "charts")
+        card_files.write_all(root, lake, run_id, verdicts, rewards, metrics)
         for sub in ("eval", "verdicts", "charts"):
             if any((root / sub).iterdir()):
                 c.log_artifacts(mlflow_run, str(root / sub), sub)
+        for name in layout.COMMON_FILES["train"]:
+            if (root / name).is_file():
+                c.log_artifact(mlflow_run, str(root / name))
     describe(cfg, version)
 
 
@@ -159,25 +138,56 @@ def log_monitors(cfg: Config, verdict: Verdict) -> None:
         _log_batch(c, mlflow_run, _finite(values))
         c.log_text(mlflow_run, json.dumps(d, indent=2, sort_keys=True, default=str), f"monitors/{d.get('run_id')}.json")
         status = "tripped" if int(v) in d.get("tripped", []) else "passed"
-        store.set_version_tags(cfg, int(v), {"monitor.verdict": status, "monitor.run": d.get("run_id", "")})
+        store.set_version_tags(cfg, int(v), {"monitor.verdict": status})  # which window: monitors/<run_id>.json
         describe(cfg, int(v))
 
 
+def ab_summary(result) -> str:
+    """`vs v<champion>: champion n=.., challenger n=..; <first reason>`: what an A/B decision rests on."""
+    counts = ", ".join(f"{arm} n={int(result.n.get(arm, 0))}" for arm in ("champion", "challenger"))
+    reason = f"; {result.reasons[0]}" if result.reasons else ""
+    return f"vs v{result.champion_version}: {counts}{reason}"
+
+
 def log_ab(cfg: Config, result) -> None:
-    """After an A/B analysis (rl_core/ab/verdict.ABResult): ab/* on the challenger's run, tag ab.decision."""
+    """After an A/B analysis (rl_core/ab/verdict.ABResult): ab/* (per-arm counts too) on the challenger's run,
+    tags ab.decision and ab.summary (ab_summary)."""
     if result.challenger_version is None:
         return
     version = int(result.challenger_version)
     c = store.client(cfg)
     mlflow_run = run_of(cfg, version)
     values = {f"ab/{m.name}_{f}": getattr(m, f) for m in result.metrics.values() for f in ("diff", "lo", "hi", "p_value")}
+    values |= {f"ab/n_{arm}": result.n.get(arm, 0) for arm in ("champion", "challenger")}
     _log_batch(c, mlflow_run, _finite(values))
-    store.set_version_tags(cfg, version, {"ab.decision": result.decision, "ab.champion": result.champion_version})
+    store.set_version_tags(cfg, version, {"ab.decision": result.decision, "ab.summary": ab_summary(result)})
     describe(cfg, version)
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "—" if x is None else format(x, spec)
+
+
+def decide_metrics(m: dict[str, float], primary: str) -> dict[str, float]:
+    """_decide/*: the deciding numbers (layout.VERSION_DECIDE) from the run's metrics, where it has them."""
+    sources = {"1_reward_mean": "reward/mean", "1_reward_n": "reward/n", "2_kl_mean": "train/kl_mean",
+               "2_kl_max": "train/kl_max", "3_eval_pass_rate": "eval/pass_rate", "3_eval_delta": "eval/delta_pass_rate",
+               "3_eval_delta_lo": "eval/ci_lo_pass_rate", "3_eval_delta_hi": "eval/ci_hi_pass_rate",
+               "5_ab_n_champion": "ab/n_champion", "5_ab_n_challenger": "ab/n_challenger",
+               "5_ab_primary_diff": f"ab/{primary}_diff", "5_ab_primary_p": f"ab/{primary}_p_value",
+               "5_ab_reward_diff": "ab/reward_diff", "5_ab_reward_p": "ab/reward_p_value"}
+    sources |= {name: f"monitor/{name.removeprefix('4_monitor_')}" for name in layout.VERSION_DECIDE
+                if name.startswith("4_monitor_")}
+    return {layout.decide_key(name): m[src] for name, src in sources.items() if src in m}
+
+
+def _ab_row(tags: dict[str, str], m: dict[str, float]) -> str:
+    ab = tags.get("ab.decision")
+    if not ab:
+        return "—"
+    summary = tags.get("ab.summary") or f"vs v{tags.get('ab.champion')}"  # ab.champion: versions logged before
+    return (f"{ab} {summary} (reward {_fmt(m.get('ab/reward_diff'), '+.3f')}, "
+            f"p {_fmt(m.get('ab/reward_p_value'))})")
 
 
 def table(tags: dict[str, str], m: dict[str, float]) -> str:
@@ -186,9 +196,10 @@ def table(tags: dict[str, str], m: dict[str, float]) -> str:
                          for k, v in sorted(tags.items()) if k.startswith("verdict."))
     deltas = ", ".join(f"{k.removeprefix('eval/delta_pass_rate').lstrip('_') or 'all'} {v:+.3f}"
                        for k, v in sorted(m.items()) if k.startswith("eval/delta_pass_rate"))
+    if "eval/ci_lo_pass_rate" in m and "eval/ci_hi_pass_rate" in m:
+        deltas += f" (paired interval of all: [{m['eval/ci_lo_pass_rate']:+.3f}, {m['eval/ci_hi_pass_rate']:+.3f}])"
     rises = ", ".join(f"{k.removeprefix('monitor/').removesuffix('_rise')} {v:+.3f}"
                       for k, v in sorted(m.items()) if k.startswith("monitor/") and k.endswith("_rise"))
-    ab = tags.get("ab.decision")
     rows = [
         ("parent", f"v{tags['parent_version']}" if tags.get("parent_version", "").isdigit() else "none (base model)"),
         ("kind", tags.get("kind", "")),
@@ -198,22 +209,29 @@ def table(tags: dict[str, str], m: dict[str, float]) -> str:
         ("reward mean ± sd", f"{_fmt(m.get('reward/mean'), '+.3f')} ± {_fmt(m.get('reward/std'))}"),
         ("KL mean / max", f"{_fmt(m.get('train/kl_mean'), '.4f')} / {_fmt(m.get('train/kl_max'), '.4f')}"),
         ("eval pass rate (parent)", f"{_fmt(m.get('eval/pass_rate'))} ({_fmt(m.get('eval/parent_pass_rate'))})"),
-        ("eval pass-rate deltas", deltas or "—"),
+        ("eval pass-rate deltas", deltas.strip() or "—"),
         ("verdicts", verdicts or "—"),
         ("monitors", f"{tags.get('monitor.verdict', 'not yet served')}" + (f" ({rises})" if rises else "")),
-        ("A/B", f"{ab} vs v{tags.get('ab.champion')} (reward {_fmt(m.get('ab/reward_diff'), '+.3f')}, "
-                f"p {_fmt(m.get('ab/reward_p_value'))})" if ab else "—"),
+        ("A/B", _ab_row(tags, m)),
     ]
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
 def describe(cfg: Config, version: int) -> str:
-    """Rewrite the version's description: the table, then the History section kept as it was."""
+    """Rewrite the version's description (the table, then the History section kept as it was); on its run: the
+    _decide/* metrics, the same text as the run's description (tag mlflow.note.content) and as card.md."""
+    c, name = store.client(cfg), cfg.mlflow.model_name
     mv = store.get_version(cfg, version)
-    metrics = store.client(cfg).get_run(mv.run_id).data.metrics if mv.run_id else {}
+    metrics = dict(c.get_run(mv.run_id).data.metrics) if mv.run_id else {}
+    decide = decide_metrics(metrics, cfg.ab.primary)
+    if mv.run_id and (changed := {k: v for k, v in decide.items() if metrics.get(k) != v}):
+        _log_batch(c, mv.run_id, changed)
     old = mv.description or ""
     history = old[old.index(store.HISTORY):] if store.HISTORY in old else ""
     text = f"{table(dict(mv.tags or {}), metrics)}\n\n{history}".rstrip() + "\n"
-    store.client(cfg).update_model_version(cfg.mlflow.model_name, str(version), description=text)
+    c.update_model_version(name, str(version), description=text)
+    if mv.run_id:
+        note = f"**{name} version {version}**\n\n{text}"
+        c.set_tag(mv.run_id, NOTE, note[:8000])
+        c.log_text(mv.run_id, note, "card.md")
     return text
-

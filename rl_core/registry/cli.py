@@ -1,4 +1,4 @@
-"""`rtrl register | deploy | ab | promote | rollback`: the registry stages by hand.
+"""`rtrl register | deploy | ab | promote | rollback | registry`: the registry stages by hand.
 
 Each prints what it did and exits non-zero when it refused (a failed gate, nothing to promote), so a
 shell script can chain them like the DAG does.
@@ -111,7 +111,12 @@ def _ab(args) -> int:
     if result.report_path:
         print(f"report: {result.report_path} (mlflow run {result.mlflow_run_id})")
     if args.apply:
-        print(f"applied: {apply_verdict(cfg, result)}")
+        from rl_core.registry.drift import AliasDrift  # lazy: keeps rtrl --help fast (mlflow)
+
+        try:
+            print(f"applied: {apply_verdict(cfg, result)}")
+        except AliasDrift as exc:
+            return _fail("ab --apply", exc)
     return 0
 
 
@@ -125,11 +130,12 @@ def add_promote(p: argparse.ArgumentParser) -> None:
 
 def _promote(args) -> int:
     # lazy: keeps rtrl --help fast (pyarrow)
+    from rl_core.registry.drift import AliasDrift
     from rl_core.registry.promote import RegistryError, promote
 
     try:
         version = promote(_cfg(), args.reason, expected=args.expected)
-    except RegistryError as exc:
+    except (RegistryError, AliasDrift) as exc:
         return _fail("promote", exc)
     print(f"champion <- version {version}; challenger alias removed")
     return 0
@@ -144,6 +150,7 @@ def add_rollback(p: argparse.ArgumentParser) -> None:
 
 def _rollback(args) -> int:
     # lazy: keeps rtrl --help fast (pyarrow)
+    from rl_core.registry.drift import AliasDrift
     from rl_core.registry.promote import RegistryError, drop_challenger, restore_previous_champion
 
     cfg = _cfg()
@@ -155,6 +162,61 @@ def _rollback(args) -> int:
             old, new = restore_previous_champion(cfg, args.reason)
             print(f"champion <- version {new} (was {old}, tagged rolled_back); the gateway reloads within "
                   f"{cfg.serving.alias_poll_s:g}s")
-    except RegistryError as exc:
+    except (RegistryError, AliasDrift) as exc:
         return _fail("rollback", exc)
     return 0
+
+
+# --- registry: the aliases at a glance, alias drift ------------------------------------------------
+
+def add_registry(p: argparse.ArgumentParser) -> None:
+    """`rtrl registry`: each alias, rtrl's record of its last move, and any drift (exit 1 while there is drift)."""
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--adopt", action="store_true",
+                      help="record the aliases as MLflow has them now (accept moves made outside rtrl)")
+    what.add_argument("--revert", action="store_true", help="move drifted aliases back to rtrl's record")
+    p.add_argument("--reason", default="operator settled alias drift (rtrl registry)")
+    p.set_defaults(run=_registry)
+
+
+def _registry(args) -> int:
+    # lazy: keeps rtrl --help fast (mlflow)
+    from rl_core.registry import drift
+
+    cfg = _cfg()
+    if args.adopt or args.revert:
+        done = (drift.adopt if args.adopt else drift.revert)(cfg, args.reason)
+        verb = "adopted" if args.adopt else "reverted"
+        for d in done:
+            print(f"{verb}: {d.describe()}")
+        print(f"nothing to {verb.removesuffix('ed')}: no alias drift" if not done else f"{len(done)} {verb}")
+    found = drift.check(cfg)
+    for line in registry_lines(cfg, found):
+        print(line)
+    return 1 if found else 0
+
+
+def registry_lines(cfg, found) -> list[str]:
+    """What `rtrl registry` prints: one line per alias (holder, when and why rtrl set it), then the drift."""
+    from rl_core.registry import drift, store  # lazy: heavy (mlflow)
+
+    held, recorded = store.aliases(cfg), store.recorded_aliases(cfg) or {}
+    lines = [f"{cfg.mlflow.model_name} ({cfg.tracking_uri})"]
+    for alias in sorted(set(held) | set(recorded)):
+        version = held.get(alias)
+        if version is None:
+            lines.append(f"  {alias:<11} none")
+            continue
+        tags = store.get_version(cfg, version).tags or {}
+        lines.append(f"  {alias:<11} v{version}  set {tags.get(f'alias.{alias}.set_at', '?')}: "
+                     f"{tags.get(f'alias.{alias}.set_reason', '(not by rtrl)')}")
+    since = drift.recorded_drift(cfg)
+    for d in found:
+        when = since.get(d.alias, "").rpartition(" since ")[2]
+        lines.append(f"ALIAS DRIFT: {d.describe()}" + (f" (since {when})" if when else ""))
+    if found:
+        lines.append("rtrl refuses alias moves until it is settled: `rtrl registry --adopt` (keep MLflow's) or "
+                     "`rtrl registry --revert` (back to rtrl's record)")
+    else:
+        lines.append("no alias drift: MLflow's aliases are where rtrl last moved them")
+    return lines

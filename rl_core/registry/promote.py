@@ -8,6 +8,10 @@ serves correctly: promote points `champion` at the challenger first, then remove
 between both aliases name the same version, which serves the same weights). `expected=` guards against
 acting on a stale decision (another deploy moved the alias since it was taken).
 
+Every move first checks for alias drift (rl_core/registry/drift.py: aliases moved outside rtrl, in MLflow's
+UI): a move that puts a version in front of users, or moves a drifted alias, is refused with AliasDrift until
+an operator settles it (`rtrl registry --adopt` / `--revert`).
+
 `restore_previous_champion` (`rtrl rollback`) orders the versions by their latest `alias.champion.set_at`
 and moves `champion` to the last holder before the current one that was never rolled back (a version's
 latest assignment is the only one that decides its place in that order). The serving
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
-from rl_core.registry import store
+from rl_core.registry import drift, store
 from rl_core.reports import Verdict
 
 ROLLED_BACK = "rolled_back"  # version tag: set when a version is removed from an alias by a rollback
@@ -56,6 +60,7 @@ def history(cfg: Config, alias: str = "champion") -> list[AliasMove]:
 
 def point(cfg: Config, alias: str, version: int, reason: str) -> None:
     """alias -> version (init's champion, deploy's challenger, an org's live adapter): recorded like every move."""
+    drift.guard(cfg, f"setting {alias!r} to v{int(version)}")
     store.set_alias(cfg, alias, int(version), reason)
 
 
@@ -93,6 +98,7 @@ def _take_off_adapter(cfg: Config, verdict: Verdict, tripped: dict, dry_run: boo
     if dry_run:
         return [f"dry run: adapter {name} of {org} would be taken off traffic ({why})"]
     acfg, reason = adapter_config(cfg, org), f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}"
+    drift.guard(acfg, f"taking adapter {name} of {org} off traffic", moves=(LIVE_ALIAS,), adds=False)
     store.delete_alias(acfg, LIVE_ALIAS, f"rollback: {reason}")
     _mark_rolled_back(acfg, live.version, reason)
     return [f"adapter {name} of {org} taken off traffic (its base version serves the org): {why}"]
@@ -109,15 +115,17 @@ def _require(cfg: Config, alias: str, expected: int | None) -> int:
 
 def promote(cfg: Config, reason: str, expected: int | None = None) -> int:
     """champion <- challenger, then the challenger alias is removed. Returns the new champion version."""
+    drift.guard(cfg, "promote")
     version = _require(cfg, "challenger", expected)
     store.set_alias(cfg, "champion", version, f"promote: {reason}")
     store.delete_alias(cfg, "challenger", f"promoted to champion: {reason}")
-    store.set_version_tags(cfg, version, {"promoted_at": store.stamp(), "promoted_reason": reason})
+    store.set_version_tags(cfg, version, {"promoted_at": store.stamp()})  # the reason: alias.champion.set_reason
     return version
 
 
 def drop_challenger(cfg: Config, reason: str, expected: int | None = None) -> int:
     """Remove the challenger alias and tag its version rolled_back. Returns that version."""
+    drift.guard(cfg, "dropping the challenger", moves=("challenger",), adds=False)
     version = _require(cfg, "challenger", expected)
     store.delete_alias(cfg, "challenger", f"rollback: {reason}")
     _mark_rolled_back(cfg, version, reason)
@@ -125,8 +133,7 @@ def drop_challenger(cfg: Config, reason: str, expected: int | None = None) -> in
 
 
 def _mark_rolled_back(cfg: Config, version: int, reason: str) -> None:
-    store.set_version_tags(cfg, version, {ROLLED_BACK: "true", f"{ROLLED_BACK}_at": store.stamp(),
-                                          f"{ROLLED_BACK}_reason": reason})
+    store.set_version_tags(cfg, version, {ROLLED_BACK: "true", f"{ROLLED_BACK}_reason": reason})  # when: History
     store.append_history(cfg, version, f"rolled back: {reason}")
 
 
@@ -146,6 +153,7 @@ def previous_champion(cfg: Config) -> int | None:
 
 def restore_previous_champion(cfg: Config, reason: str) -> tuple[int, int]:
     """champion <- the previous champion; the demoted version is tagged rolled_back. Returns (from, to)."""
+    drift.guard(cfg, "rollback")
     current = _require(cfg, "champion", None)
     target = previous_champion(cfg)
     if target is None:

@@ -2,12 +2,18 @@
 
 The embedded default is MLflow over SQLite (no server); production points tracking_uri at a server.
 Stages are deprecated in MLflow 3: only aliases (`champion`, `challenger`) are used. Every alias move
-sets fixed-key version tags (`alias.<alias>.set_at` / `.set_reason` / `.previous` / `.removed_at` /
-`.removed_reason`: the latest move, so tag lists stay short and filterable) and appends one line to the
-version's description under "History", so the whole story is readable on the version's page.
+sets fixed-key version tags (`alias.<alias>.set_at` / `.set_reason` / `.previous` / `.removed_at`: the latest
+move, so tag lists stay short and filterable; the reasons of removals are in the history) and appends one line to
+the version's description under "History", so the whole story is readable on the version's page. It also
+records the move on the registered model as the tag `<alias>` = `v<N>` (`none` once removed): what the models
+list shows for each alias (its own alias column shows only the highest version, so the champion hid behind
+"+1"), and rtrl's record that rl_core/registry/drift.py compares with MLflow's aliases.
 
 Experiments by purpose: checkpoints (training runs, the base, planted variants) in `mlflow.experiment`,
-A/B analyses in `<experiment>-ab`, simulated learning experiments in `<experiment>-learning`.
+A/B analyses in `<experiment>-ab`, simulated learning experiments in `<experiment>-learning`, each cycle's
+outcome in `<experiment>-cycles`; each is a classic ML experiment with the runs table's deciding columns as a
+shared view (rl_core/registry/layout.py). A version's run is named `v<N>-<name>` (`v2-cycle-20261202T1000`,
+`v1-base-<model>`), the version first because the runs table cuts long names.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from urllib.parse import unquote, urlparse
 
 from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
+from rl_core.registry import layout
 from rl_core.schema import now_utc
 
 CHECKPOINT_ARTIFACT = "checkpoint"
@@ -47,16 +54,20 @@ def experiment_id(cfg: Config, purpose: str = "train") -> str:
     folder there would be a path on whichever worker registered the checkpoint, which no other machine sees."""
     c = client(cfg)
     name = cfg.mlflow.experiment + PURPOSES[purpose]
+    tags = layout.experiment_tags(purpose)
     exp = c.get_experiment_by_name(name)
-    if exp is not None:
+    if exp is not None:  # one made before these tags existed gets them once
+        for k, v in tags.items():
+            if (exp.tags or {}).get(k) != v:
+                c.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
     if cfg.tracking_uri.startswith(("http://", "https://")) and "://" not in cfg.mlflow.artifact_root:
-        return c.create_experiment(name)
+        return c.create_experiment(name, tags=tags)
     root = cfg.artifact_root
     if "://" not in root:
         Path(root).mkdir(parents=True, exist_ok=True)
         root = Path(root).resolve().as_uri()
-    return c.create_experiment(name, artifact_location=f"{root}/{name}")
+    return c.create_experiment(name, artifact_location=f"{root}/{name}", tags=tags)
 
 
 def ensure_registered_model(cfg: Config, description: str = "rtrl policy checkpoints") -> None:
@@ -82,7 +93,7 @@ def register_checkpoint(
     """Log the folder as artifacts of an MLflow run (a new one unless run_id) and make it a new version.
 
     Returns the version number. Tags go on both the run and the version, so the UI can compare runs and
-    the registry page shows lineage.
+    the registry page shows lineage. The run is then named `v<N>-<run_name>`.
     """
     import mlflow  # lazy: heavy (mlflow)
 
@@ -106,7 +117,13 @@ def register_checkpoint(
     mv = c.create_model_version(
         cfg.mlflow.model_name, source=f"{artifact_uri}/{CHECKPOINT_ARTIFACT}", run_id=run_id, tags=tags
     )
+    c.update_run(run_id, name=version_run_name(int(mv.version), run_name))
     return int(mv.version)
+
+
+def version_run_name(version: int, name: str) -> str:
+    """`v<N>-<name>`: the one name format of a version's run (the version first: the runs table cuts names)."""
+    return name if name.startswith(f"v{version}-") else f"v{version}-{name}"
 
 
 def stamp() -> str:
@@ -114,11 +131,14 @@ def stamp() -> str:
     return now_utc().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def append_history(cfg: Config, version: int, line: str) -> None:
-    """Append `- <time> <line>` to the version's description, under its History section."""
+def append_history(cfg: Config, version: int, line: str, once: bool = False) -> None:
+    """Append `- <time> <line>` to the version's description, under its History section (with once: unless the
+    history has that line already, so a retried task does not repeat it)."""
     c = client(cfg)
     name = cfg.mlflow.model_name
     text = c.get_model_version(name, str(version)).description or ""
+    if once and any(old.endswith(f" {line}") for old in text.splitlines()):
+        return
     if HISTORY not in text:
         text = f"{text.rstrip()}\n\n{HISTORY}\n" if text.strip() else f"{HISTORY}\n"
     c.update_model_version(name, str(version), description=f"{text.rstrip()}\n- {stamp()} {line}\n")
@@ -131,17 +151,19 @@ def set_version_tags(cfg: Config, version: int, tags: dict[str, Any]) -> None:
 
 
 def set_alias(cfg: Config, alias: str, version: int, reason: str) -> None:
-    """Point alias at version and record the move (time, reason, previous holder) on both versions."""
+    """Point alias at version and record the move (time, reason, previous holder) on both versions and on the
+    registered model (the tag `<alias>`)."""
     c = client(cfg)
     name = cfg.mlflow.model_name
     previous = version_for_alias(cfg, alias)
     c.set_registered_model_alias(name, alias, str(version))
+    record_move(cfg, alias, version)
     at = stamp()
     set_version_tags(cfg, version, {f"alias.{alias}.set_at": at, f"alias.{alias}.set_reason": reason})
     append_history(cfg, version, f"`{alias}` set: {reason}")
     if previous is not None and previous != version:
         set_version_tags(cfg, version, {f"alias.{alias}.previous": previous})
-        set_version_tags(cfg, previous, {f"alias.{alias}.removed_at": at, f"alias.{alias}.removed_reason": reason})
+        set_version_tags(cfg, previous, {f"alias.{alias}.removed_at": at})
         append_history(cfg, previous, f"`{alias}` moved to version {version}: {reason}")
 
 
@@ -153,9 +175,37 @@ def delete_alias(cfg: Config, alias: str, reason: str) -> int | None:
     if held is None:
         return None
     c.delete_registered_model_alias(name, alias)
-    set_version_tags(cfg, held, {f"alias.{alias}.removed_at": stamp(), f"alias.{alias}.removed_reason": reason})
+    record_move(cfg, alias, None)
+    set_version_tags(cfg, held, {f"alias.{alias}.removed_at": stamp()})
     append_history(cfg, held, f"`{alias}` removed: {reason}")
     return held
+
+
+NO_HOLDER = "none"  # the record's value once rtrl removed the alias
+
+
+def record_move(cfg: Config, alias: str, version: int | None) -> None:
+    """rtrl's record of its latest move of alias: the registered model's tag `<alias>` = `v<N>` (or `none`)."""
+    value = NO_HOLDER if version is None else f"v{int(version)}"
+    client(cfg).set_registered_model_tag(cfg.mlflow.model_name, alias, value)
+
+
+def recorded_aliases(cfg: Config) -> dict[str, int | None] | None:
+    """rtrl's record of its latest move of each alias it ever moved (None as the version once it removed it);
+    None when the model has no record at all (made before moves were recorded, or not yet registered)."""
+    from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
+
+    try:
+        tags = client(cfg).get_registered_model(cfg.mlflow.model_name).tags or {}
+    except MlflowException:
+        return None
+    out: dict[str, int | None] = {}
+    for key, value in tags.items():
+        if value == NO_HOLDER:
+            out[key] = None
+        elif value.startswith("v") and value[1:].isdigit():
+            out[key] = int(value[1:])
+    return out or None
 
 
 def version_for_alias(cfg: Config, alias: str) -> int | None:
