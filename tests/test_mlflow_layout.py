@@ -44,8 +44,9 @@ def lifecycle(registered, tiny_checkpoint):
     """v2 registered, deployed and A/B-tested against v1; v3 registered without an eval verdict."""
     cfg = registered
     write_run(cfg, "cycle-a", tiny_checkpoint, parent=1)
-    lake = Lake(cfg.lake_root)  # the paired difference evals/compare.py reports, beside write_run's aggregates
-    details = {**read_verdict(lake, "cycle-a", "eval").details, "diff_pass_rate": 0.05, "se_pass_rate": 0.02}
+    lake = Lake(cfg.lake_root)  # the paired difference evals/compare.py reports (its keys), beside write_run's aggregates
+    details = {**read_verdict(lake, "cycle-a", "eval").details, "diff_passed": 0.05, "se_passed": 0.02,
+               "mde_passed": 0.056}
     write_verdict(lake, "cycle-a", Verdict(name="eval", passed=True, details=details))
     v2 = register_run(cfg, "cycle-a")
     assert deploy(cfg, "cycle-a", v2)
@@ -93,6 +94,7 @@ def test_the_deciding_numbers_sort_first_and_match_their_sources(lifecycle):
     assert d["1_reward_mean"] == m["reward/mean"] and d["2_kl_max"] == m["train/kl_max"]
     assert d["3_eval_delta"] == pytest.approx(0.05)
     assert (d["3_eval_delta_lo"], d["3_eval_delta_hi"]) == pytest.approx((0.05 - 1.96 * 0.02, 0.05 + 1.96 * 0.02))
+    assert d["3_eval_mde"] == pytest.approx(0.056)  # the detectable change the eval report states
     assert d["4_monitor_clarify_rate"] == 0.05
     assert (d["5_ab_n_champion"], d["5_ab_n_challenger"]) == (result.n["champion"], result.n["challenger"])
     assert d["5_ab_primary_p"] == m[f"ab/{cfg.ab.primary}_p_value"]

@@ -66,9 +66,10 @@ def reward_metrics(t: pa.Table | None) -> dict[str, float]:
 
 
 def eval_metrics(details: dict[str, Any], z: float = 1.96) -> dict[str, float]:
-    """eval/*: from the eval verdict's details (candidate_* and baseline_* aggregates of evals.compare), and the
-    paired difference's interval (diff_* +- z * se_*) as eval/ci_lo_* and eval/ci_hi_*."""
-    out: dict[str, Any] = {}
+    """eval/*: from the eval verdict's details (candidate_* and baseline_* aggregates of evals.compare), the
+    paired difference's interval (diff_* +- z * se_*) as eval/ci_lo_* and eval/ci_hi_*, and the minimum detectable
+    change at the eval's power as eval/mde_*."""
+    out: dict[str, Any] = {f"eval/{k}": v for k, v in details.items() if k.startswith("mde_")}
     for k, v in details.items():
         se = details.get(f"se_{k.removeprefix('diff_')}")
         if k.startswith("diff_") and isinstance(v, (int, float)) and isinstance(se, (int, float)):
@@ -172,7 +173,8 @@ def decide_metrics(m: dict[str, float], primary: str) -> dict[str, float]:
     """_decide/*: the deciding numbers (layout.VERSION_DECIDE) from the run's metrics, where it has them."""
     sources = {"1_reward_mean": "reward/mean", "1_reward_n": "reward/n", "2_kl_mean": "train/kl_mean",
                "2_kl_max": "train/kl_max", "3_eval_pass_rate": "eval/pass_rate", "3_eval_delta": "eval/delta_pass_rate",
-               "3_eval_delta_lo": "eval/ci_lo_pass_rate", "3_eval_delta_hi": "eval/ci_hi_pass_rate",
+               "3_eval_delta_lo": "eval/ci_lo_passed", "3_eval_delta_hi": "eval/ci_hi_passed",
+               "3_eval_mde": "eval/mde_passed",
                "5_ab_n_champion": "ab/n_champion", "5_ab_n_challenger": "ab/n_challenger",
                "5_ab_primary_diff": f"ab/{primary}_diff", "5_ab_primary_p": f"ab/{primary}_p_value",
                "5_ab_reward_diff": "ab/reward_diff", "5_ab_reward_p": "ab/reward_p_value"}
@@ -196,8 +198,9 @@ def table(tags: dict[str, str], m: dict[str, float]) -> str:
                          for k, v in sorted(tags.items()) if k.startswith("verdict."))
     deltas = ", ".join(f"{k.removeprefix('eval/delta_pass_rate').lstrip('_') or 'all'} {v:+.3f}"
                        for k, v in sorted(m.items()) if k.startswith("eval/delta_pass_rate"))
-    if "eval/ci_lo_pass_rate" in m and "eval/ci_hi_pass_rate" in m:
-        deltas += f" (paired interval of all: [{m['eval/ci_lo_pass_rate']:+.3f}, {m['eval/ci_hi_pass_rate']:+.3f}])"
+    if "eval/ci_lo_passed" in m and "eval/ci_hi_passed" in m:
+        deltas += f" (paired interval of all: [{m['eval/ci_lo_passed']:+.3f}, {m['eval/ci_hi_passed']:+.3f}]"
+        deltas += f", detectable change {m['eval/mde_passed']:.3f})" if "eval/mde_passed" in m else ")"
     rises = ", ".join(f"{k.removeprefix('monitor/').removesuffix('_rise')} {v:+.3f}"
                       for k, v in sorted(m.items()) if k.startswith("monitor/") and k.endswith("_rise"))
     rows = [

@@ -30,7 +30,7 @@ SHARED_VIEW_TAG = f"mlflow.sharedViewState.{SHARE_KEY}"
 # table's columns alike, so the number keeps that order in both.
 VERSION_DECIDE = (
     "1_reward_mean", "1_reward_n", "2_kl_mean", "2_kl_max",
-    "3_eval_pass_rate", "3_eval_delta", "3_eval_delta_lo", "3_eval_delta_hi",
+    "3_eval_pass_rate", "3_eval_delta", "3_eval_delta_lo", "3_eval_delta_hi", "3_eval_mde",
     "4_monitor_broken_tool_rate", "4_monitor_clarify_rate", "4_monitor_empty_refusal_rate", "4_monitor_no_edit_rate",
     "5_ab_n_champion", "5_ab_n_challenger", "5_ab_primary_diff", "5_ab_primary_p", "5_ab_reward_diff",
     "5_ab_reward_p",
