@@ -28,10 +28,11 @@ from evals.tasks import Task
 from evals.tools import Workspace, openai_tools
 from rl_core.simulate.features import CODE_BLOCK_RE, Answer, code_block
 
-SYSTEM_PROMPT = (
-    "You are a coding assistant working in the user's repository. Make the change they ask for by calling "
-    "the tools; run the tests when useful. Prefer acting over asking when the request has a sensible reading."
-)
+# No system prompt: the request reaches the model as the simulated users (and an IDE) send it, so the suite
+# measures what users get. Measured on SmolLM2-135M (10 band candidates x 4 samples, T 0.8): an assistant system
+# prompt and the files after the request passed 3 of 40; the files first, fenced, as the IDE attaches them, 2-3
+# of 40 with or without the system prompt; the sampling temperature moves it most (T 0.4: 6, T 0.2: 8 of 40).
+SYSTEM_PROMPT = ""
 
 
 @dataclass
@@ -86,11 +87,10 @@ class TaskResult:
 
 
 def request_text(task: Task) -> str:
-    """The user's message: the request first (one line), then the attached files."""
-    parts = [task.prompt.strip(), "", "Repository files:"]
-    for path, text in sorted(task.files.items()):
-        parts += [f"--- {path}", text.rstrip()]
-    return "\n".join(parts)
+    """The user's message as the IDE sends it: the repository's files attached as fenced code blocks, then the
+    request (the same shape as the simulated users' messages, rl_core/simulate/users.request_text)."""
+    files = [f"{path}:\n```python\n{text.rstrip()}\n```\n" for path, text in sorted(task.files.items())]
+    return "".join(files) + task.prompt.strip()
 
 
 def apply_answer(task: Task, ws: Workspace, text: str) -> bool:
@@ -104,7 +104,8 @@ def apply_answer(task: Task, ws: Workspace, text: str) -> bool:
 def run_episode(task: Task, policy: Policy, budget: Budget, sample: int = 0) -> TaskResult:
     t0 = time.perf_counter()
     tools = openai_tools(task.tools)
-    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": request_text(task)}]
+    system = [{"role": "system", "content": SYSTEM_PROMPT}] if SYSTEM_PROMPT else []
+    messages: list[dict] = [*system, {"role": "user", "content": request_text(task)}]
     turns = calls = valid = p_tok = c_tok = 0
     latency = 0.0
     clarified = wrote = False

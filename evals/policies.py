@@ -199,7 +199,7 @@ class BrokenToolPolicy:
 class OraclePolicy:
     """Writes each task's reference solution with write_file, then says it is done (the planted good one).
 
-    It recognises the task by the request text, which the harness puts first in the user message.
+    It recognises the task by the request text, which ends the harness's first user message (after the files).
     """
 
     name = "scripted:oracle"
@@ -209,7 +209,8 @@ class OraclePolicy:
 
     def complete(self, messages, tools, max_tokens, temperature, seed=None) -> Completion:
         first_user = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
-        task = self.by_prompt.get(first_user.split("\n", 1)[0].strip())
+        ends = [p for p in self.by_prompt if first_user.rstrip().endswith(p.strip())]
+        task = self.by_prompt[max(ends, key=len)] if ends else None  # the longest: one prompt may end another
         if task is None or any(m.get("role") == "tool" for m in messages):
             return _scripted("Done.", _prompt_chars(messages))
         text = "".join(toolcalls.render_tool_call({"name": "write_file", "arguments": {"path": p, "content": c}})

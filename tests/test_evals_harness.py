@@ -29,7 +29,7 @@ def test_local_policy_runs_episodes_on_the_tiny_checkpoint(tiny_checkpoint):
         assert 1 <= r.completion_tokens <= 16 * r.turns
         assert not r.passed  # a random tiny model does not fix bugs
         assert r.test_status in ("failed", "passed")
-        assert json.loads(r.transcript)[1]["content"].startswith(tasks[results.index(r)].prompt)
+        assert json.loads(r.transcript)[0]["content"].endswith(tasks[results.index(r)].prompt)  # files, then the ask
     again = run_suite(tasks, policy, budget, workers=1, progress=False)
     assert [r.transcript for r in again] == [r.transcript for r in results]  # greedy: reproducible
     table = results_table(results, "candidate")
@@ -98,7 +98,7 @@ def test_openai_policy_over_real_http():
     assert r.prompt_tokens == 100 and r.completion_tokens == 14
     first, second = _Wire.bodies[-2:]
     assert first["model"] == "champion" and {t["function"]["name"] for t in first["tools"]} >= {"write_file"}
-    assert first["messages"][1]["content"] == request_text(BY_ID["bugfix-is-even"])
+    assert first["messages"][0] == {"role": "user", "content": request_text(BY_ID["bugfix-is-even"])}  # as the IDE sends it
     tool_msg = second["messages"][-1]
     assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == "call_1" and "wrote nums.py" in tool_msg["content"]
 
