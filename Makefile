@@ -53,7 +53,9 @@ test-all: setup sysdeps
 stack: setup sysdeps
 	$(PY) -m rl_core.cli stack up
 
-# One real cycle: init if needed, gateway, simulated traffic, `airflow dags test realtime_rl`, report.
+# One real cycle: init if needed, gateway, simulated traffic, a run of realtime_rl through the scheduler (`airflow
+# standalone` on :8080 while it lasts; its data interval is the traffic's window, its outcome its note), report.
+# Its task logs are in the UI like any run's (`make airflow`; stop that first: one scheduler per metadata DB).
 # `python -m` keeps the checkout on sys.path (rl_core and evals), whatever the editable install maps.
 cycle: setup
 	$(PY) -m rl_core.cli cycle
@@ -62,12 +64,13 @@ init: setup
 	$(VENV)/bin/rtrl init
 
 # The UIs on the embedded stores (var/): each runs under its own session until Ctrl-C, then its whole
-# process group is stopped. URLs and credentials are printed once the UI answers.
+# process group is stopped. URLs and credentials are printed once the UI answers. `make airflow` shows every run,
+# `make cycle`'s included (their task logs and notes); its scheduler runs the schedule once the DAG is unpaused.
 airflow: setup
 	$(PY) -m rl_core.cli cycle --ui airflow
 
 mlflow: setup
-	$(PY) -m rl_core.cli cycle --ui mlflow
+	$(PY) -m rl_core.stack.mlflow_ui
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,18 +1,26 @@
 """
 ### realtime_rl: one rtrl improvement cycle every few hours
 
-The data interval **is** the harvest window, on one grid (anchor 2026-01-01T00:00Z + k x 5 h, GridTimetable):
-a scheduled run harvests the grid interval that just ended, a backfill (UI, REST or `airflow backfill
-create`) runs the grid windows inside its range, and a manual run may name its own window with the
-`start`/`end` params. The run id derives from the window, so the same window always writes the same files
-under `runs/<run_id>/` (every stage is idempotent). The `window` task's return value shows the rtrl run id
-beside the Airflow run id.
+Every run's data interval **is** its harvest window. On one grid (anchor 2026-01-01T00:00Z + k x 5 h,
+GridTimetable) a scheduled run harvests the grid interval that just ended and a backfill (UI, REST or `airflow
+backfill create`) one run per grid window inside its range that has ended (a window still open is left out);
+Airflow names such a run after its window's end (`backfill__...T14:00`) and gives it the window's start as its
+logical date. A manual run names its own window as its data interval (Trigger -> Data Interval: *Specify
+Manually*; REST `data_interval_start`/`data_interval_end` with a `logical_date`; `rtrl cycle` does this), else it
+gets the grid window that ended at or before its logical date. The `start`/`end` params are only for a run with
+no data interval (Logical Date cleared): start/end that disagree with a data interval are refused at `window`, as
+are start, end and policy_version on a backfill run. With "Unpause on trigger" ticked in the backfill dialog the
+schedule starts at once and may take the latest ended window itself. The run id derives from the window, so the
+same window always writes the same files under `runs/<run_id>/` (every stage is idempotent). The `window` task's
+return value shows the rtrl run id beside the Airflow run id.
 
 Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (plan, part mapped over the
 window's parts, harvest, gate_raw, exclude (drops a quarantined org's
 episodes), gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate ->
-promote (register, gate_promotion, deploy) -> outcome (all_done: the run's outcome in one line, also on the cycle's
-MLflow run; it fails when the run was refused or failed, so such a run stays red). With `[harvest] map_hours` set, `part` maps over the window's
+promote (register, gate_promotion, deploy) -> outcome (all_done: the run's outcome in one line, its return value and
+first log line, also on the cycle's MLflow run and, for `rtrl cycle`'s runs, the run's note; its state is the
+outcome's: success, skipped when there was nothing to train on, failed when the run was refused or failed, so such a
+run stays red). With `[harvest] map_hours` set, `part` maps over the window's
 hours on as many workers and `harvest` merges them (the same episodes as one task). The live challenger is
 judged first: the hacking monitors on every turn the window served, then, only if they pass, the A/B verdict
 (a version that games the reward must not win on a metric the hack inflates); `rollback` takes a tripped
@@ -79,14 +87,39 @@ IO_RETRIES = {  # I/O-bound tasks: lake, MLflow, a flaky network on production s
 }
 HEAVY = {"pool": AF.training_pool, "retries": 1, "retry_delay": timedelta(seconds=AF.retry_delay_s)}
 
+# The trigger and backfill dialogs show these under each param (Run Parameters). The single-run params have their own
+# section: the `window` task refuses them on a backfill run (rl_core.window.check_backfill_params).
+SINGLE_RUN = "Single run only (a backfill refuses these)"
+WINDOW_PARAM_HELP = (PARAM_TS_HELP + ". **Only for a run without a data interval** (Logical Date cleared); leave it "
+                     "empty otherwise: the data interval is the window (Data Interval: *Specify Manually*), and a "
+                     "start/end that disagree with it are refused.")
+DRY_RUN_HELP = ("compute everything, move no alias, register nothing.\n\n**Backfill**: one run per grid window inside "
+                "the range *that has ended*: a window still open is left out (and not counted). With *Unpause on "
+                "trigger* ticked the schedule starts at once and may take the latest ended window as its own "
+                "scheduled run (catchup is off) before the backfill does: the backfill then makes one run fewer than "
+                "it counted, and the two run side by side (a backfill's runs have their own Max Active Runs). Untick "
+                "it to keep every window in the backfill. A backfill refuses start, end and policy_version.")
+
 
 @task(retries=0, doc_md="Resolve the harvest window and rtrl run id (`runs/<run_id>/` in the lake, the `run_id` "
-                        "tag in MLflow) from the params or the data interval; its return value shows both ids.")
+                        "tag in MLflow): the run's data interval (the start/end params only for a run without one); "
+                        "its return value shows both ids. Refuses, with why, a window longer than [harvest] "
+                        "max_window_hours, start/end that disagree with the data interval, and single-run params "
+                        "on a backfill run.")
 def window() -> dict:
+    from airflow.sdk.exceptions import AirflowFailException  # lazy: keeps DAG parsing light
+
     ctx = get_current_context()
-    w = resolve_window(ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours,
-                       max_hours=load_config().harvest.max_window_hours)  # a longer window fails here, with why
-    # Airflow 3 gives a task no way to set its run's note, so the two ids meet here (first log line and the
+    run_type = ctx["dag_run"].run_type
+    try:
+        w = resolve_window(ctx["params"], ctx.get("data_interval_start"), ctx.get("data_interval_end"),
+                           AF.schedule_hours, max_hours=load_config().harvest.max_window_hours,
+                           run_type=str(getattr(run_type, "value", run_type)))
+    except ValueError as exc:  # the first log line, and the reason `outcome` states (no retry: it cannot change)
+        print(f"REFUSED: {exc}")
+        ctx["ti"].xcom_push("refused", str(exc))
+        raise AirflowFailException(str(exc)) from exc
+    # Airflow 3.3 gives a task no way to set its run's note, so the two ids meet here (first log line and the
     # return value) and on the MLflow version and training run (tags airflow.run_id, run_id) at register.
     print(f"rtrl run {w.run_id}: window [{w.start.isoformat()}, {w.end.isoformat()}) of Airflow run {ctx['run_id']}")
     p = ctx["params"]
@@ -115,6 +148,8 @@ def served(w: dict) -> dict:
 def rollback(w: dict) -> str:
     from rl_core.registry import card, promote  # lazy: keeps DAG parsing light
 
+    if not w:  # all_done: it runs after a refused `window` too, which returned nothing
+        return "no window (the window task failed): nothing to do"
     cfg, run = load_config(), CycleRun.from_xcom(w)
     verdict = read_verdict(Lake(cfg.lake_root), run.run_id, "monitors")
     if verdict is None:
@@ -256,8 +291,9 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
 @task(trigger_rule="all_done", retries=0,
       doc_md="The run's outcome in one line, the first of this log and the return value (`skipped: why`, `refused "
              "by <gate>: <reason>`, `failed at <task>`, `registered vN -> challenger`, and the A/B decision with "
-             "per-arm counts); the same on the cycle's MLflow run (experiment `<experiment>-cycles`). Fails when "
-             "the run was refused or failed, so the run stays red.")
+             "per-arm counts); the same on the cycle's MLflow run (experiment `<experiment>-cycles`). Its state is "
+             "the outcome's, the grid's last column: success, skipped (nothing to train on), failed (refused or "
+             "failed, so the run stays red). `rtrl cycle` also sets the line as the run's note.")
 def outcome() -> str:
     from airflow.sdk.exceptions import AirflowFailException  # lazy: keeps DAG parsing light
 
@@ -269,14 +305,16 @@ def outcome() -> str:
     run = CycleRun.from_xcom(w) if w else None
     states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
     result = settle(cfg, run.run_id if run else None, states, ab, dry_run=bool(run and run.dry_run))
-    print(result.line)
+    refused = None if run else ti.xcom_pull(task_ids="window", key="refused")  # the window task said why
+    line = f"refused by window: {refused}" if refused else result.line
+    print(line)
     if run is not None:
         win = f"[{run.window.start.isoformat()}, {run.window.end.isoformat()})"
         print(f"MLflow run {record(cfg, result, run.run_id, win, ctx['run_id'])} (experiment {cfg.mlflow.experiment}-cycles)")
-    if not result.ok:
-        ti.xcom_push("return_value", result.line)
-        raise AirflowFailException(result.line)
-    return result.line
+    if not result.ok or result.kind == "skipped":  # the return value first: a task that raises returns nothing
+        ti.xcom_push("return_value", line)
+        raise (AirflowSkipException if result.ok else AirflowFailException)(line)
+    return line
 
 
 @dag(
@@ -290,12 +328,12 @@ def outcome() -> str:
     doc_md=__doc__,
     params={
         "start": Param(None, type=["null", "string"], format="date-time", pattern=PARAM_TS_PATTERN,
-                       maxLength=PARAM_TS_MAX_LEN, description=PARAM_TS_HELP.format("start")),
+                       maxLength=PARAM_TS_MAX_LEN, section=SINGLE_RUN, description_md=WINDOW_PARAM_HELP.format("start")),
         "end": Param(None, type=["null", "string"], format="date-time", pattern=PARAM_TS_PATTERN,
-                     maxLength=PARAM_TS_MAX_LEN, description=PARAM_TS_HELP.format("end")),
-        "policy_version": Param(None, type=["null", "integer"], minimum=1, maximum=2**31 - 1,
-                                description="version to update (default: champion)"),
-        "dry_run": Param(False, type="boolean", description="compute everything, move no alias, register nothing"),
+                     maxLength=PARAM_TS_MAX_LEN, section=SINGLE_RUN, description_md=WINDOW_PARAM_HELP.format("end")),
+        "policy_version": Param(None, type=["null", "integer"], minimum=1, maximum=2**31 - 1, section=SINGLE_RUN,
+                                description="version to update (default: champion); a backfill refuses it"),
+        "dry_run": Param(False, type="boolean", description_md=DRY_RUN_HELP),
         "map_hours": Param(None, type=["null", "integer"], minimum=0,
                            description="harvest in parts of this many hours, one task each (default: [harvest] map_hours)"),
     },

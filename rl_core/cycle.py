@@ -3,26 +3,29 @@
 The window helpers (`resolve_window`, `run_id_for`, the grid's anchor) live in rl_core/window.py and are
 re-exported here for the callers that import them from this module. `run_cycle` is what `make cycle` runs:
 `rtrl init` if needed, the serving gateway as a subprocess, simulated users driving it over HTTP,
-compaction into the lake, `airflow dags test realtime_rl` on exactly the window the traffic fell in,
-then a summary read back from the lake and MLflow. Everything it starts it stops (process groups).
+compaction into the lake, a DAG run of realtime_rl whose data interval is exactly the window the traffic fell
+in, then a summary read back from the lake and MLflow. Everything it starts it stops (process groups).
+
+The DAG run goes through the scheduler (rl_core/dagrun.py: `airflow standalone`, the run triggered over REST), so
+its task logs are under $AIRFLOW_HOME/logs where the UI reads them, like any run's, and its outcome line becomes the
+run's note. `rtrl experiment` (a gateway and a warm server that outlive its cycles) runs each cycle's DAG in one
+process instead (`dag.test()` with the same data interval), its output in dags-test.log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from rl_core.config import REPO_ROOT, Config, load_config
-from rl_core.runtime.procs import exit_on_sigterm, start, stop, wait_http
+from rl_core.config import Config, load_config
+from rl_core.runtime.airflow import airflow_env, bin_path, prepare_airflow, start_airflow  # noqa: F401  re-exported
+from rl_core.runtime.procs import exit_on_sigterm, serve_until_interrupted, start, stop, wait_http  # noqa: F401
 from rl_core.window import (  # noqa: F401  re-exported: the window helpers moved to rl_core/window.py
     SCHEDULE_ANCHOR,
     Window,
@@ -31,94 +34,13 @@ from rl_core.window import (  # noqa: F401  re-exported: the window helpers move
     run_id_for,
 )
 
-# --- processes (rl_core/runtime/procs.py): everything started here runs in its own session ---------------------
-
-def bin_path(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
-
-
-def airflow_env(cfg: Config, **extra: str) -> dict[str, str]:
-    """The environment every airflow command of the embedded stack runs with (rtrl's config included)."""
-    env = dict(os.environ)
-    env.update({
-        "AIRFLOW_HOME": str(cfg.airflow_home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO_ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__PARALLELISM": "4",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "RTRL_HOME": str(cfg.home_path),
-        "RTRL_PROFILE": cfg.profile,
-        "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
-        "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
-        "TOKENIZERS_PARALLELISM": "false",
-        "GIT_PYTHON_REFRESH": "quiet",
-        # tasks import rl_core and evals from this checkout, whatever the console script's sys.path is
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),  # standalone runs `airflow`
-    })
-    env.update(extra)
-    return env
-
-
-_PREPARED: set[tuple[str, str, int]] = set()
-
-
-def prepare_airflow(cfg: Config, env: dict[str, str]) -> None:
-    """`airflow db migrate` and the training pool: idempotent, ~6 s on SQLite, so once per process and
-    metadata DB (an experiment's later cycles skip it)."""
-    key = (str(cfg.airflow_home), cfg.airflow.training_pool, cfg.airflow.training_pool_slots)
-    if key in _PREPARED and (cfg.airflow_home / "airflow.db").is_file():
-        return
-    cfg.airflow_home.mkdir(parents=True, exist_ok=True)
-    airflow = bin_path("airflow")
-    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, text=True)
-    subprocess.run([airflow, "pools", "set", cfg.airflow.training_pool, str(cfg.airflow.training_pool_slots),
-                    "GPU/CPU-heavy rtrl tasks: training and eval"], env=env, check=True, capture_output=True)
-    _PREPARED.add(key)
-
-
-def start_airflow(cfg: Config, port: int, log: Path, **extra_env: str) -> tuple[subprocess.Popen, str]:
-    """`airflow standalone` (scheduler, dag-processor, api-server, triggerer) on 127.0.0.1:port.
-
-    Returns the process and the admin password (simple auth manager)."""
-    env = airflow_env(cfg, AIRFLOW__API__PORT=str(port), AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
-                      **extra_env)
-    prepare_airflow(cfg, env)
-    proc = start([bin_path("airflow"), "standalone"], env, log)
-    wait_http(f"http://127.0.0.1:{port}/api/v2/monitor/health", 240, proc, log)
-    pw_file = cfg.airflow_home / "simple_auth_manager_passwords.json.generated"
-    for _ in range(30):
-        if pw_file.exists():
-            break
-        time.sleep(1)
-    password = json.loads(pw_file.read_text()).get("admin", "") if pw_file.exists() else ""
-    return proc, password
-
+# --- processes: the embedded Airflow's (rl_core/runtime/airflow.py), each in its own session ---------------------
 
 def start_mlflow(cfg: Config, port: int, log: Path) -> subprocess.Popen:
-    env = dict(os.environ)
-    argv = [bin_path("mlflow"), "ui", "--backend-store-uri", cfg.tracking_uri, "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1"]
-    if "://" not in cfg.artifact_root:
-        argv += ["--default-artifact-root", Path(cfg.artifact_root).resolve().as_uri()]
-    proc = start(argv, env, log)
-    wait_http(f"http://127.0.0.1:{port}/health", 180, proc, log)
-    return proc
+    """The embedded MLflow UI as `make mlflow` starts it (one worker, no job queue: rl_core/stack/mlflow_ui.py)."""
+    from rl_core.stack.mlflow_ui import start_ui
 
-
-def serve_until_interrupted(procs: list[subprocess.Popen]) -> int:
-    """Block until Ctrl-C / SIGTERM or until one process exits; then stop every group."""
-    stopping: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
-        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
-    try:
-        while not stopping and all(p.poll() is None for p in procs):
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            stop(p)
-    return 0
+    return start_ui(cfg, port, log)
 
 
 # --- `rtrl cycle`: the whole thing once, on the embedded stack ------------------------------------------
@@ -137,6 +59,8 @@ class CycleReport:
     version: int | None = None
     aliases: dict[str, int] | None = None
     seconds: dict[str, float] | None = None
+    airflow_run_id: str | None = None  # the scheduler path's DAG run (its logs and note in the UI)
+    outcome: str | None = None  # the run's one-line outcome (the `outcome` task's return value)
 
 
 def _minute(ts: datetime, up: bool) -> datetime:
@@ -192,7 +116,8 @@ def print_report(cfg: Config, r: CycleReport) -> None:
     reward = "n/a" if r.mean_reward is None else f"{r.mean_reward:+.4f}"
     lines = [
         "", f"== rtrl cycle {r.run_id}  ({r.start} .. {r.end})",
-        f"airflow dags test    {'success' if r.dag_rc == 0 else f'FAILED (exit {r.dag_rc})'}",
+        f"DAG run              {'success' if r.dag_rc == 0 else f'FAILED (exit {r.dag_rc})'}"
+        + (f" {r.airflow_run_id}" if r.airflow_run_id else ""), f"outcome              {r.outcome or 'n/a'}",
         f"interactions served  {r.interactions}", f"episodes harvested   {r.episodes}",
         f"mean reward          {reward}",
         "verdicts             " + (", ".join(f"{k}={'pass' if ok else 'FAIL'}" for k, ok in (r.verdicts or {}).items())
@@ -204,7 +129,8 @@ def print_report(cfg: Config, r: CycleReport) -> None:
         f"timings (s)          {json.dumps(r.seconds)}",
         f"lake                 {cfg.lake_root}/runs/{r.run_id}/",
         f"MLflow UI            `make mlflow` -> http://127.0.0.1:{cfg.mlflow.ui_port}/#/models/{cfg.mlflow.model_name}",
-        f"Airflow UI           `make airflow` -> http://127.0.0.1:{cfg.airflow.ui_port}/dags/{cfg.airflow.dag_id}",
+        f"Airflow UI           `make airflow` -> http://127.0.0.1:{cfg.airflow.ui_port}/dags/{cfg.airflow.dag_id}"
+        + (f"/runs/{r.airflow_run_id} (the run, its task logs and note)" if r.airflow_run_id else ""),
     ]
     print("\n".join(lines))
 
@@ -221,21 +147,29 @@ def wait_for_window(cfg: Config) -> float:
 
 def run_cycle(cfg: Config, interactions: int | None = None, log_dir: Path | None = None,
               policy_version: int | None = None, gateway_url: str | None = None,
-              warm_socket: str | None = None, run_dag: bool = True, dag_id: str | None = None) -> CycleReport:
-    """init -> gateway -> simulated traffic -> compaction -> `airflow dags test` -> report; stops what it starts.
+              warm_socket: str | None = None, run_dag: bool = True, dag_id: str | None = None,
+              via_scheduler: bool | None = None) -> CycleReport:
+    """init -> gateway -> simulated traffic -> compaction -> a DAG run on the window -> report; stops what it starts.
+    via_scheduler: run the DAG through `airflow standalone` (scheduler_run); default: unless gateway_url or
+    warm_socket is given (`rtrl experiment`), whose cycles run it in one process (dags_test).
     policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
     gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
     of starting one, wait until it serves the registry's aliases; instead of stopping it, wait for its WAL.
-    warm_socket: a warm server (rl_core/runtime/warm.py) that forks `airflow dags test` and the trainer.
+    warm_socket: a warm server (rl_core/runtime/warm.py) that forks the DAG run (`python -m rl_core.dagrun`) and the
+    trainer.
     run_dag=False: traffic only (an experiment's last cycle measures the policy; nothing trains after it).
     dag_id: the DAG to run on the window (default the cycle's; `<dag_id>_orgs` trains the org adapters)."""
     from rl_core.collect.compact import compact  # lazy: keeps rtrl --help fast (pyarrow)
+    from rl_core.dagrun import check_ui_port, dags_test, scheduler_run  # lazy: heavy (httpx)
     from rl_core.init import init
     from rl_core.lake import Lake
     from rl_core.serving import gateway as gw
 
     log_dir = log_dir or cfg.home_path / "logs" / "cycle"
     log_dir.mkdir(parents=True, exist_ok=True)
+    scheduler = run_dag and (via_scheduler if via_scheduler is not None else not (gateway_url or warm_socket))
+    if scheduler:
+        check_ui_port(cfg)  # before the traffic: its DAG run would find the port taken
     secs: dict[str, float] = {}
     t = time.time()
     ini = init(cfg, check_generation=False)
@@ -274,30 +208,17 @@ def run_cycle(cfg: Config, interactions: int | None = None, log_dir: Path | None
     start_ts, end_ts = _minute(begin, up=False), _minute(finish, up=True) + timedelta(minutes=1)
     (cfg.home_path / "cycle-window-end").write_text(end_ts.isoformat())
     w = Window(start_ts, end_ts, run_id_for(start_ts, end_ts, cfg.airflow.schedule_hours))
-    rc = 0
+    rc, af_run, line = 0, None, None
     if run_dag:
-        rc = dags_test(env, w, log_dir / "dags-test.log", dag_id or cfg.airflow.dag_id, policy_version, warm_socket)
+        dag, conf = dag_id or cfg.airflow.dag_id, {"policy_version": int(policy_version)} if policy_version else {}
+        if scheduler:
+            rc, af_run, line = scheduler_run(cfg, w, log_dir / "airflow.log", dag, conf)
+        else:
+            rc = dags_test(env, w, log_dir / "dags-test.log", dag, conf, warm_socket)
         secs["dag"] = round(time.time() - t, 1)
     report = summarize(cfg, w, rc)
-    report.interactions, report.seconds = n, secs
+    report.interactions, report.seconds, report.airflow_run_id, report.outcome = n, secs, af_run, line
     return report
-
-
-def dags_test(env: dict[str, str], w: Window, dag_log: Path, dag_id: str, policy_version: int | None,
-              warm_socket: str | None) -> int:
-    """`airflow dags test` of dag_id on exactly window w, output appended to dag_log; its exit code."""
-    conf = json.dumps({"start": w.start.isoformat(), "end": w.end.isoformat()}
-                      | ({"policy_version": int(policy_version)} if policy_version else {}))
-    print(f"[cycle] airflow dags test {dag_id} -c '{conf}' (log {dag_log})")
-    argv = ["dags", "test", dag_id, "-c", conf]
-    with open(dag_log, "ab") as out:
-        if warm_socket:  # the DAG (and the trainer it launches) forked from a warm server: no import costs
-            from rl_core.runtime import warm  # lazy: dev-only warm server, kept out of the DAG's imports
-
-            return warm.popen([sys.executable, "-m", "airflow", *argv], env | {warm.SOCKET_ENV: warm_socket},
-                              REPO_ROOT, stdout=out, stderr=subprocess.STDOUT).wait()
-        return subprocess.run([bin_path("airflow"), *argv], env=env, stdout=out, stderr=subprocess.STDOUT,
-                              cwd=REPO_ROOT).returncode
 
 
 def add_cycle(p: argparse.ArgumentParser) -> None:

@@ -6,11 +6,14 @@ runs, backfills and manual runs with a logical date on this grid, the DAG's `win
 interval into the harvest window and its run id, and `rtrl cycle` names its run ids the same way. Why one
 grid: a window that straddles two scheduled ones harvests turns they harvest too (Airflow's own delta
 timetable floors to multiples of the period since 1970, which for 5 h is one hour off this anchor).
-A manual run may still name any window with the start/end params; the episode ledger (rl_core/ledger.py)
-keeps overlapping windows from training an episode twice. A window is at most `[harvest] max_window_hours`
-long (check_window, the one check: resolve_window for the DAGs, rl_core/cli.py for every command's
---start/--end): a harvest walks every hour partition of its window, and the DAG's params alone once let
-a manual run name the years 0001 to 9999.
+A run's data interval is its harvest window, whatever started it: a manual run names its own window as its data
+interval (the trigger form's Data Interval "Specify Manually", REST data_interval_start/_end, `rtrl cycle`), and a
+run without a data interval (a trigger without a logical date) may name one with the start/end params; params that
+disagree with a data interval, and params that mean nothing for a backfill, are refused (resolve_window). The
+episode ledger (rl_core/ledger.py) keeps overlapping windows from training an episode twice. A window is at most
+`[harvest] max_window_hours` long (check_window, the one check: resolve_window for the DAGs, rl_core/cli.py for
+every command's --start/--end): a harvest walks every hour partition of its window, and the DAG's params alone
+once let a manual run name the years 0001 to 9999.
 
 Stdlib only: the timetable plugin imports this in the scheduler and the API server.
 """
@@ -35,10 +38,14 @@ PARAM_TS_PATTERN = (r"^(?!.*\s)20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][
 PARAM_TS_MAX_LEN = 32
 PARAM_TS_HELP = ("manual window {} (UTC ISO 8601 with its timezone, e.g. 2026-12-02T10:00:00+00:00; a window is at "
                  "most [harvest] max_window_hours long)")
+# The params a single run may set and a backfill may not: each backfill run harvests its grid window and updates the
+# champion (only dry_run and map_hours apply to it).
+SINGLE_RUN_PARAMS = ("start", "end", "policy_version")
 
 
 class WindowError(ValueError):
-    """A window that cannot be harvested (empty, reversed, or longer than harvest.max_window_hours)."""
+    """A window that cannot be harvested (empty, reversed, longer than harvest.max_window_hours, or named by params
+    that disagree with the run's data interval), or params a backfill run refuses."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,25 @@ def latest_window_end(now: datetime, schedule_hours: int) -> datetime:
     return grid_floor(now, schedule_hours)
 
 
+def check_backfill_params(params: dict[str, Any]) -> None:
+    """Refuse the single-run params (SINGLE_RUN_PARAMS) on a backfill run: its window is its grid interval and it
+    updates the champion, so a start, end or policy_version given to the backfill would be silently ignored."""
+    given = {k: params[k] for k in SINGLE_RUN_PARAMS if params.get(k) is not None}
+    if given:
+        raise WindowError(f"a backfill run harvests its grid window and updates the champion: param(s) "
+                          f"{', '.join(f'{k}={v}' for k, v in given.items())} mean nothing for a backfill; create it "
+                          "again without them (only dry_run and map_hours apply to a backfill)")
+
+
+def _disagree(s: datetime, e: datetime, ds: datetime, de: datetime) -> WindowError:
+    return WindowError(
+        f"params start/end name the window [{s.isoformat()}, {e.isoformat()}) but this run's data interval, which "
+        f"Airflow shows as its window, is [{ds.isoformat()}, {de.isoformat()}): the data interval is the harvest "
+        "window. Trigger again with Data Interval 'Specify Manually' set to the window and start/end left empty "
+        "(REST: data_interval_start/data_interval_end with a logical_date), or clear the Logical Date (no data "
+        "interval) to name the window with start/end alone")
+
+
 def resolve_window(
     params: dict[str, Any],
     interval_start: datetime | None,
@@ -160,17 +186,28 @@ def resolve_window(
     schedule_hours: int,
     now: datetime | None = None,
     max_hours: float = MAX_WINDOW_HOURS,
+    run_type: str | None = None,
 ) -> Window:
     """The harvest window: the `start`/`end` params when given, else the data interval, else the last
     complete scheduled interval (a manual trigger without a logical date has no data interval). A window
-    longer than max_hours (the DAGs pass [harvest] max_window_hours) is refused with WindowError."""
+    longer than max_hours (the DAGs pass [harvest] max_window_hours) is refused with WindowError.
+    run_type (realtime_rl passes its run's: manual, scheduled, backfill, ...) makes the data interval the window
+    for every run that has one: start/end that name another window are refused, and so is every single-run
+    param of a backfill run (check_backfill_params). None keeps the params-first rule (realtime_rl_orgs)."""
+    if run_type == "backfill":
+        check_backfill_params(params)
     start, end = params.get("start"), params.get("end")
     if (start is None) != (end is None):
         raise ValueError("params start and end go together: give both or neither")
+    has_interval = interval_start is not None and interval_end is not None and interval_end > interval_start
+    if has_interval:
+        ds, de = _parse_ts("data_interval_start", interval_start), _parse_ts("data_interval_end", interval_end)
     if start is not None:
         s, e = _parse_ts("start", start), _parse_ts("end", end)
-    elif interval_start is not None and interval_end is not None and interval_end > interval_start:
-        s, e = _parse_ts("data_interval_start", interval_start), _parse_ts("data_interval_end", interval_end)
+        if run_type is not None and has_interval and (s, e) != (ds, de):
+            raise _disagree(s, e, ds, de)
+    elif has_interval:
+        s, e = ds, de
     else:
         e = latest_window_end(now or datetime.now(UTC), schedule_hours)
         s = e - timedelta(hours=schedule_hours)

@@ -170,6 +170,7 @@ def test_a_hacking_live_challenger_trips_the_monitors_is_rolled_back_and_nothing
     assert v2 in promote.rolled_back_versions(cfg)
     assert not (cfg.models_dir / "runs" / RUN_ID).exists()  # the trainer never started
     assert tasks["outcome"] == "failed" and outcome_line().startswith("refused by monitors: "), outcome_line()
+    assert asset_events() == []  # a window refused before its harvest emits no stage's asset
 
 
 @pytest.mark.slow

@@ -8,7 +8,11 @@ ones and harvest the same turns twice. Here every interval is [anchor + k*period
 - backfill from..to: every grid interval that lies inside [from, to] (a misaligned `from` moves up to the
   next grid point, a misaligned `to` down to the previous one), so `--from-date 04:00 --to-date 09:00`
   is the one window [04:00, 09:00);
-- a manual run with a logical date: the latest complete grid interval ending at or before it.
+- a manual run with a logical date and no data interval of its own: the latest complete grid interval ending at
+  or before that date (a trigger that names its data interval, UI "Specify Manually" or REST
+  data_interval_start/_end, keeps it: Airflow does not ask the timetable then);
+- `dag.test()` of a DAG object whose timetable has `manual_window` set (rl_core.cycle.dag_test, `rtrl cycle`'s
+  in-process path): exactly that window, since `dag.test()` can only infer its run's data interval.
 
 A custom timetable must be registered by a plugin under the same import path the DAG uses
 (plugins/rtrl_plugin.py registers `rtrl_operators.grid_timetable.GridTimetable`); otherwise the DAG does not
@@ -41,6 +45,9 @@ class GridTimetable(Timetable):
     """Data intervals of `hours` hours on the grid anchored at `anchor` (UTC)."""
 
     periodic = True
+    # Set only on a DAG object about to run `dag.test()` in this process (rl_core.cycle.dag_test): that run's data
+    # interval, which dag.test() can only ask the timetable for. Not serialized: no scheduler ever sees it.
+    manual_window: tuple[datetime, datetime] | None = None
 
     def __init__(self, hours: int, anchor: datetime = SCHEDULE_ANCHOR) -> None:
         if anchor.tzinfo is None:
@@ -86,6 +93,9 @@ class GridTimetable(Timetable):
         return hash((self.hours, self.anchor))
 
     def infer_manual_data_interval(self, *, run_after: datetime) -> DataInterval:
+        if self.manual_window is not None:
+            start, end = self.manual_window
+            return DataInterval(start=_aware(start), end=_aware(end))
         end = self.floor(run_after)
         return DataInterval(start=_aware(end - self.period), end=_aware(end))
 

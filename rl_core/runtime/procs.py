@@ -257,3 +257,17 @@ def environ(over: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def serve_until_interrupted(procs: list[subprocess.Popen]) -> int:
+    """Block until Ctrl-C / SIGTERM or until one process exits; then stop every group."""
+    stopping: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):  # explicit: a background job inherits SIGINT ignored
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    try:
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            stop(p)
+    return 0

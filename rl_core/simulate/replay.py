@@ -26,8 +26,8 @@ from pathlib import Path
 
 from rl_core import toolcalls
 from rl_core.config import Config
-from rl_core.cycle import airflow_env
 from rl_core.lake import Lake
+from rl_core.runtime.airflow import airflow_env
 from rl_core.runtime.procs import stop
 from rl_core.serving import gateway as gw
 from rl_core.simulate.features import features_of

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from rl_core.config import Config
-from rl_core.cycle import airflow_env
+from rl_core.runtime.airflow import airflow_env
 from rl_core.runtime.procs import exit_on_sigterm, stop
 from rl_core.serving import gateway as gw
 from rl_core.simulate import feedback as fb

@@ -56,7 +56,7 @@ def links(cfg: Config, base: str) -> list[str]:
 
 
 def main() -> int:
-    from rl_core.cycle import serve_until_interrupted  # lazy: the cycle module imports the window helpers
+    from rl_core.runtime.procs import serve_until_interrupted
 
     cfg = load_config()
     private_state(cfg, create_home=True)

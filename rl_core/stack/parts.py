@@ -42,8 +42,8 @@ from pathlib import Path
 import httpx
 
 from rl_core.config import REPO_ROOT, Config, load_config
-from rl_core.cycle import airflow_env, bin_path
 from rl_core.ids import mlflow_filter_value
+from rl_core.runtime.airflow import airflow_env, bin_path
 from rl_core.runtime.procs import answers, free_port
 
 LAKE_BUCKET, MLFLOW_BUCKET = "rtrl-lake", "rtrl-mlflow"
