@@ -309,6 +309,35 @@ class Claims:
                       f"shared seeds whose update reached the eval: {max(evals):.3f}"]
         return lines
 
+    def eval_gate(self) -> list[str]:
+        """The calibrated band's census, the degraded checkpoint's verdicts and base-vs-base false alarms
+        (bench/band_census.py, eval_degraded.py, eval_false_alarm.py; their committed JSON under docs/results/)."""
+        path = RESULTS / "band-census-smollm2.json"
+        if not path.is_file():
+            return ["no census committed"]
+        c = json.loads(path.read_text())
+        m, rows = c["meta"], c["tasks"]
+        band = [r for r in rows if m["low"] <= r["pass_rate"] <= m["high"]]
+        lines = [f"Census: {len(rows)} candidates x {m['samples']} samples at T {m['temperature']}, "
+                 f"{m['max_tokens']} tokens: {len(band)} tasks passed in 1 to {m['samples'] - 1} of {m['samples']} "
+                 f"(kept), {sum(r['passed'] == 0 for r in rows)} never, {sum(r['passed'] == r['samples'] for r in rows)} "
+                 f"always; the band's pass rate {sum(r['pass_rate'] for r in band) / len(band):.3f}"]
+        deg = RESULTS / "eval-degraded-smollm2.json"
+        if deg.is_file():
+            d = json.loads(deg.read_text())
+            lines += ["", "| weights noise (x each matrix's std) | candidate pass rate | baseline pass rate | diff | "
+                      "95% interval | detectable change (80% power) | verdict |", "|---:|---:|---:|---:|---|---:|---|"]
+            lines += [f"| {r['sigma']:g} | {r['candidate_mean']:.3f} | {r['baseline_mean']:.3f} | {f(r['mean_diff'])} "
+                      f"| {ci(r)} | {r['mde']:.3f} | {r['verdict']} |" for r in d["rows"]]
+        fa = RESULTS / "eval-false-alarm-smollm2.json"
+        if fa.is_file():
+            d = json.loads(fa.read_text())
+            for name, v in d["comparisons"].items():
+                lines.append(f"Base against itself, {name}: refused {v['refused']} of {v['comparisons']} "
+                             f"({v['rate']:.3f}, Wilson [{v['wilson'][0]:.3f}, {v['wilson'][1]:.3f}]); "
+                             f"out-of-sample pass rate {d['pass_rate']:.3f}")
+        return lines
+
     def report(self) -> str:
         out = ["## registered protocols, in the order git added them", *self.registry(), "",
                "## pooled results recomputed", *self.pooled_checks(), "",
@@ -316,7 +345,8 @@ class Claims:
                f"## {SHARED}", *self.shared(), "",
                f"## designs before {ORG}", self.designs_line(ORG), "",
                f"## {ORG} and every seed of its training", *self.orgs(), "",
-               "## what the production checks refused", *self.blocked()]
+               "## what the production checks refused", *self.blocked(), "",
+               "## the eval gate", *self.eval_gate()]
         return "\n".join(out) + "\n"
 
 
