@@ -47,16 +47,6 @@ def split(results, k: int, rng: random.Random, disjoint: int | None = None):
     return cand, base
 
 
-def wilson(x: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    p = x / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=16, help="samples per task in the pool (>= 2 x eval.samples)")
@@ -74,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_core.config import load_config
     from rl_core.init import init
     from rl_core.models import base_checkpoint
+    from rl_core.simulate.features import Rate
 
     cfg = load_config()
     init(cfg, check_generation=False)
@@ -110,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         by_pass = sum(any(m.regression for m in v.metrics if m.metric == "passed") for v in vs)
         under = sum(v.verdict == "underpowered" for v in vs)
         mde = sum(next(m.mde for m in v.metrics if m.metric == "passed") for v in vs) / len(vs)
-        lo, hi = wilson(refused, len(vs))
+        r = Rate.of(refused, len(vs))
+        lo, hi = r.ci_low, r.ci_high
         summary[name] = {"comparisons": len(vs), "refused": refused, "rate": refused / len(vs), "wilson": [lo, hi],
                          "refused_for_pass_rate": by_pass, "underpowered": under, "mean_mde": mde}
         print(f"| {name} | {refused} | {refused / len(vs):.3f} | [{lo:.3f}, {hi:.3f}] | {by_pass} | {under} | "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired
+from rl_core.simulate.features import Rate
 
 # metric -> +1 when higher is better, -1 when lower is better (an answer feature: +1, "must not fall")
 OUTCOME_METRICS = {"edit_persisted_rate": +1, "edit_reverted_rate": -1, "dissatisfied_rate": -1, "latency_ms": -1}
@@ -76,13 +77,9 @@ def newcombe(k1: int, n1: int, k2: int, n2: int, z: float = 1.959964) -> dict | 
     if n1 == 0 or n2 == 0:
         return None
 
-    def wilson(k: int, n: int) -> tuple[float, float]:
-        p, d = k / n, 1 + z * z / n
-        c, h = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-        return c - h, c + h
-
     p1, p2 = k1 / n1, k2 / n2
-    (l1, u1), (l2, u2) = wilson(k1, n1), wilson(k2, n2)
+    r1, r2 = Rate.of(k1, n1, z), Rate.of(k2, n2, z)  # each proportion's Wilson interval
+    (l1, u1), (l2, u2) = (r1.ci_low, r1.ci_high), (r2.ci_low, r2.ci_high)
     d = p2 - p1
     return {"first": p1, "last": p2, "diff": d, "ci_low": d - math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2),
             "ci_high": d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2), "n_first": n1, "n_last": n2}
