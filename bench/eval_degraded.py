@@ -51,10 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the rows (and each side's per-task outcomes) here")
     args = p.parse_args(argv)
 
-    from evals import cache
-    from evals.compare import compare_policies
+    from evals.compare import compare_policies, from_checkpoint
     from evals.harness import Budget
-    from evals.policies import EnginePolicy
     from evals.tasks import load_tasks
     from rl_core.config import load_config
     from rl_core.init import init
@@ -73,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                          cfg.model.dtype)
         sides = {}
         for role, ckpt in (("candidate", folder), ("baseline", base)):
-            engine = EnginePolicy(ckpt, cfg, name=f"{role}:{ckpt.name}")
-            key = cache.key(ckpt, cfg.model.dtype, tasks, budget, engine.kind)
-            sides[role] = (cache.load(lake, key, engine.name) or engine, key)
+            sides[role] = from_checkpoint(cfg, lake, ckpt, f"{role}:{ckpt.name}", tasks, budget)
         run_id = f"degraded-s{sigma:g}-seed{args.seed}"
         r = compare_policies(cfg, run_id, sides["candidate"][0], sides["baseline"][0], tasks,
                              candidate_key=sides["candidate"][1], baseline_key=sides["baseline"][1])

@@ -193,6 +193,15 @@ def compare_policies(cfg: Config, run_id: str, candidate: Policy | cache.Cached,
     return result
 
 
+def from_checkpoint(cfg: Config, lake, folder: str | Path, name: str, tasks, budget: Budget
+                    ) -> tuple[Policy | cache.Cached, str]:
+    """One checkpoint-backed side: the cached run of these weights, else the engine on them (it starts only when
+    asked); and the cache key to keep its run under."""
+    engine = EnginePolicy(folder, cfg, name=name)
+    key = cache.key(folder, cfg.model.dtype, tasks, budget, engine.kind)
+    return cache.load(lake, key, name) or engine, key
+
+
 def evaluate(cfg: Config, run_id: str, candidate_dir: str | Path, baseline_version: int,
              candidate: Policy | None = None, baseline: Policy | None = None) -> EvalComparison:
     """The cycle's eval step: the suite on the new checkpoint and on the baseline version, paired.
@@ -207,17 +216,12 @@ def evaluate(cfg: Config, run_id: str, candidate_dir: str | Path, baseline_versi
     tasks = load_tasks(cfg.path(ec.tasks_dir), limit=ec.task_limit)
     budget, lake = Budget.from_config(ec), lake_from_config(cfg)
 
-    def from_checkpoint(folder, name: str) -> tuple[Policy | cache.Cached, str | None]:
-        """The cached run of these weights, else the engine on them; and the cache key to keep its run under."""
-        engine = EnginePolicy(folder, cfg, name=name)
-        key = cache.key(folder, cfg.model.dtype, tasks, budget, engine.kind)
-        return cache.load(lake, key, name) or engine, key
-
     candidate_key = baseline_key = None
     if candidate is None:
-        candidate, candidate_key = from_checkpoint(candidate_dir, f"candidate:{Path(candidate_dir).name}")
+        candidate, candidate_key = from_checkpoint(cfg, lake, candidate_dir, f"candidate:{Path(candidate_dir).name}",
+                                                   tasks, budget)
     if baseline is None:
-        baseline, baseline_key = from_checkpoint(checkpoint_path(cfg, baseline_version),
-                                                 f"rtrl-policy/{baseline_version}")
+        baseline, baseline_key = from_checkpoint(cfg, lake, checkpoint_path(cfg, baseline_version),
+                                                 f"rtrl-policy/{baseline_version}", tasks, budget)
     return compare_policies(cfg, run_id, candidate, baseline, tasks, candidate_key=candidate_key,
                             baseline_key=baseline_key)
