@@ -148,6 +148,18 @@ class Browser:
         except AssertionError:
             return False
 
+    def open_trigger_dialog(self, base: str, password: str, dag_id: str = "realtime_rl") -> None:
+        """As a person does on the Airflow UI: sign in as admin, open the DAG, press Trigger; the dialog is open."""
+        self.goto(base)
+        self.fill("input[name=username]", "admin")
+        self.fill("input[name=password]", password)
+        self.click("Sign in", "button")
+        self.wait_text("Dags")
+        self.goto(f"{base}/dags/{dag_id}")
+        self.wait_text(dag_id, "Backfills")
+        assert self.click_label("Trigger Dag", timeout=30), self.buttons()
+        self.wait("!!document.querySelector('input[type=radio][value=backfill]')", what="the trigger dialog")
+
     def key(self, key: str) -> None:
         """Press and release a named key (Escape, Enter, Tab) in the focused element."""
         codes = {"Escape": 27, "Enter": 13, "Tab": 9}

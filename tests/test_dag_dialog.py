@@ -21,15 +21,7 @@ def test_the_backfill_dialog_says_what_a_backfill_leaves_out_and_refuses(registe
     browser = Browser(tmp_path / "chromium-profile")
     try:
         with standalone(registered, tmp_path) as af:
-            browser.goto(af.base)
-            browser.fill("input[name=username]", "admin")
-            browser.fill("input[name=password]", af.password)
-            browser.click("Sign in", "button")
-            browser.wait_text("Dags")
-            browser.goto(f"{af.base}/dags/realtime_rl")
-            browser.wait_text("realtime_rl", "Backfills")
-            assert browser.click_label("Trigger Dag", timeout=30), browser.buttons()
-            browser.wait("!!document.querySelector('input[type=radio][value=backfill]')", what="the trigger dialog")
+            browser.open_trigger_dialog(af.base, af.password)
             browser.wait_text(SINGLE)  # the single run's form shows the section too
             browser.js("document.querySelector('input[type=radio][value=backfill]').click()")
             browser.wait_text("Run Backfill - realtime_rl", "Date Range", SINGLE)

@@ -103,15 +103,7 @@ def test_backfill_created_in_the_airflow_ui_runs_its_window_to_success(registere
     with standalone(cfg, tmp_path) as af:
         base, api, log = af.base, af.api, af.log
         # as a person does: sign in, open the DAG, Trigger -> Backfill, pick the window, run it
-        browser.goto(base)
-        browser.fill("input[name=username]", "admin")
-        browser.fill("input[name=password]", af.password)
-        browser.click("Sign in", "button")
-        browser.wait_text("Dags")
-        browser.goto(f"{base}/dags/realtime_rl")
-        browser.wait_text("realtime_rl", "Backfills")
-        assert browser.click_label("Trigger Dag", timeout=30), browser.buttons()
-        browser.wait("!!document.querySelector('input[type=radio][value=backfill]')", what="the trigger dialog")
+        browser.open_trigger_dialog(base, af.password)
         browser.js("document.querySelector('input[type=radio][value=backfill]').click()")
         browser.wait_text("Run Backfill - realtime_rl", "Date Range")
         set_datetime(browser, 0, WINDOW[0])
