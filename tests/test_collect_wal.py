@@ -153,6 +153,31 @@ def test_torn_tail_and_orphan_segment_of_a_dead_writer(tmp_path):
     assert sorted(lake_ids(lake, "interactions", "event_id")) == sorted([good, live_id])
 
 
+def test_a_compactor_at_the_worst_moment_never_takes_a_new_segment_for_an_orphan(tmp_path, monkeypatch):
+    """A compaction or forget pass that runs right after a writer creates its segment, before it has the
+    lock, must not seal it: the writer would go on writing acknowledged events into a file the compactor
+    owns (and may delete). Caught in CI as a FileNotFoundError when the writer later sealed its segment."""
+    lake = Lake(str(tmp_path / "lake"))
+    d = tmp_path / "wal"
+    real_flock, stolen = wal.fcntl.flock, []
+
+    def flock_after_a_compactor_ran(fd, op):
+        if op == wal.fcntl.LOCK_EX:  # the writer's blocking lock on a segment it has just created
+            stolen.extend(p for p in wal.open_segments(d) if wal.try_seal_orphan(p) is not None)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(wal.fcntl, "flock", flock_after_a_compactor_ran)
+    log = WriteAheadLog(d, segment_max_bytes=1)  # every commit seals its segment, the next opens one
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for i in ids:
+        log.append("interactions", interaction(i))  # raises if the writer lost its segment
+    log.close()
+    monkeypatch.setattr(wal.fcntl, "flock", real_flock)
+    assert stolen == [], "no live writer's segment was taken for a dead one's"
+    compact(d, lake)
+    assert sorted(lake_ids(lake, "interactions", "event_id")) == sorted(ids)
+
+
 def test_event_index_knows_lake_and_wal_events_per_org(tmp_path):
     lake = Lake(str(tmp_path / "lake"))
     w = WriteAheadLog(tmp_path / "wal")

@@ -5,7 +5,8 @@ events/s. Appenders hand their line to one writer thread; it writes everything q
 fsync, fsyncs once, and only then resolves every appender's future. An event is acknowledged only when
 its bytes are on disk.
 
-Segments: `<dir>/seg-<utc>-<pid>-<rand>.open` while written (the writer holds an exclusive flock on it),
+Segments: `<dir>/seg-<utc>-<pid>-<rand>.open` while written (the writer holds an exclusive flock on it,
+taken before the file gets that name),
 renamed to `.jsonl` ("sealed") when it rolls by size or age, or on close. A `.open` file whose flock can
 be taken belongs to a dead writer (crash): the compactor seals it. A torn last line (crash mid-write) was
 never acknowledged and is skipped by readers.
@@ -205,8 +206,12 @@ class WriteAheadLog:
     def _open_segment(self) -> None:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
         path = self.dir / f"seg-{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}{OPEN_SUFFIX}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        # Locked under a hidden name first, then renamed (the lock follows the inode): a compactor never
+        # sees an unlocked .open segment of a live writer, so it cannot seal one between create and flock.
+        hidden = path.with_name(f".{path.name}.new")
+        fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(hidden, path)
         _fsync_dir(self.dir)  # the segment's name is durable before anything in it is acknowledged
         self._fd, self._path, self._size, self._opened_at = fd, path, 0, time.monotonic()
 
