@@ -18,7 +18,7 @@ Stages (task groups): ab (served, monitors, rollback, ab_verdict) -> harvest (pl
 window's parts, harvest, gate_raw, exclude (drops a quarantined org's
 episodes), gate_episodes) -> rewards (score, gate_rewards) -> train -> evaluate ->
 promote (register, gate_promotion, deploy) -> outcome (all_done: the run's outcome in one line, its return value and
-first log line, also on the cycle's MLflow run and, for `rtrl cycle`'s runs, the run's note; its state is the
+first log line, the run's note (the plugin's listener) and on the cycle's MLflow run; its state is the
 outcome's: success, skipped when there was nothing to train on, failed when the run was refused or failed, so such a
 run stays red). With `[harvest] map_hours` set, `part` maps over the window's
 hours on as many workers and `harvest` merges them (the same episodes as one task). The live challenger is
@@ -293,7 +293,7 @@ def deploy(w: dict, version: int, _gate: dict) -> dict:
              "by <gate>: <reason>`, `failed at <task>`, `registered vN -> challenger`, and the A/B decision with "
              "per-arm counts); the same on the cycle's MLflow run (experiment `<experiment>-cycles`). Its state is "
              "the outcome's, the grid's last column: success, skipped (nothing to train on), failed (refused or "
-             "failed, so the run stays red). `rtrl cycle` also sets the line as the run's note.")
+             "failed, so the run stays red). The rtrl plugin's listener makes the line the run's note.")
 def outcome() -> str:
     from airflow.sdk.exceptions import AirflowFailException  # lazy: keeps DAG parsing light
 

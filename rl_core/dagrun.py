@@ -4,7 +4,7 @@ Every run's data interval is its harvest window (rl_core/window.py). `rtrl cycle
 traffic fell in, not a grid window, so its run is triggered the way the trigger form's Data Interval "Specify
 Manually" does it (REST data_interval_start/_end), on `airflow standalone` whose scheduler makes no run of its own:
 the run's task logs land under $AIRFLOW_HOME/logs, where the UI (`make airflow`) reads them, and its one-line outcome
-becomes its note (a task cannot set it in Airflow 3.3). `rtrl experiment`'s cycles run the DAG in one process
+is its note, as for every run (the plugin's listener, plugins/rtrl_operators/outcome_note.py). `rtrl experiment`'s cycles run the DAG in one process
 (dag.test(), forkable from the warm server), the timetable told the window (GridTimetable.manual_window), since
 `airflow dags test` can only infer a grid window from a logical date.
 """
@@ -47,16 +47,13 @@ def trigger_window(api, dag_id: str, w: Window, conf: dict[str, Any]) -> dict[st
     return r.json()
 
 
-def note_outcome(api, dag_id: str, run_id: str) -> str | None:
-    """The `outcome` task's line (its return value) set as the run's note, which the grid and the run page show.
-    A task cannot set its run's note in Airflow 3.3 (no Task SDK API); the REST API can. None: no outcome."""
+def outcome_of(api, dag_id: str, run_id: str) -> str | None:
+    """The `outcome` task's line (its return value, also the run's note); None when the run has none."""
     r = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/outcome/xcomEntries/return_value")
     line = r.json().get("value") if r.status_code == 200 else None
     if isinstance(line, str) and line.startswith('"'):  # the raw value, when a store keeps it JSON-encoded
         line = json.loads(line)
-    if line:
-        api.patch(f"/dags/{dag_id}/dagRuns/{run_id}", params={"update_mask": ["note"]}, json={"note": str(line)})
-    return line
+    return str(line) if line else None
 
 
 def _run_state(api, path: str) -> str | None:
@@ -85,7 +82,7 @@ def check_ui_port(cfg: Config) -> str:
 def scheduler_run(cfg: Config, w: Window, log: Path, dag_id: str, conf: dict[str, Any]) -> tuple[int, str, str | None]:
     """`rtrl cycle`'s DAG run, like any other: `airflow standalone` on [airflow] ui_port, its scheduler making no
     run of its own (use_job_schedule off); the run triggered with w as its data interval (trigger_window), waited
-    for, its outcome set as its note; the DAG's pause state restored, Airflow stopped. Its task logs stay under
+    for (its outcome line is its note); the DAG's pause state restored, Airflow stopped. Its task logs stay under
     $AIRFLOW_HOME/logs, where `make airflow` shows them. Returns (0 if it succeeded else 1, run id, outcome)."""
     base = check_ui_port(cfg)
     print(f"[cycle] airflow standalone on {base} (log {log})")
@@ -105,7 +102,7 @@ def scheduler_run(cfg: Config, w: Window, log: Path, dag_id: str, conf: dict[str
                 if proc.poll() is not None:
                     raise RuntimeError(f"airflow standalone exited ({proc.returncode}) during {run_id} (log {log})")
                 time.sleep(3)
-            line = note_outcome(api, dag_id, run_id)
+            line = outcome_of(api, dag_id, run_id)
         finally:
             api.patch(f"/dags/{dag_id}", json={"is_paused": paused})
     finally:

@@ -65,6 +65,15 @@ def xcom(run_id: str, task_id: str, key: str = "return_value"):
         return None if row is None else XComModel.deserialize_value(row)
 
 
+def note_of(run_id: str) -> str | None:
+    """The run's note, as the run page and the grid's tooltip show it (set by the plugin's outcome listener)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return session.query(DagRun).filter(DagRun.dag_id == "realtime_rl", DagRun.run_id == run_id).one().note
+
+
 def interval_of(run_id: str) -> tuple[datetime, datetime]:
     """The run's data interval, as the UI shows it (the run page's Data Interval)."""
     from airflow.models.dagrun import DagRun
@@ -160,6 +169,7 @@ def test_a_window_without_traffic_ends_skipped_not_failed(af):
     assert tasks["outcome"] == "skipped", tasks
     line = xcom(af_run, "outcome")
     assert line.startswith("skipped: no traffic in [2026-12-02T05:00:00+00:00, 2026-12-02T10:00:00+00:00)"), line
+    assert note_of(af_run) == line  # the run's note: what the run page shows first
     c = store.client(cfg)
     runs = c.search_runs([c.get_experiment_by_name(cfg.mlflow.experiment + "-cycles").experiment_id])
     assert [(r.info.run_name, r.data.tags["outcome"]) for r in runs] == [(RUN_ID, "skipped")]
@@ -192,6 +202,7 @@ def test_params_that_disagree_with_the_data_interval_are_refused_and_the_run_emi
     assert refused.startswith("params start/end name the window [2026-12-02T04:30:00+00:00"), refused
     assert "Specify Manually" in refused
     assert tasks["outcome"] == "failed" and xcom(af_run, "outcome") == f"refused by window: {refused}"
+    assert note_of(af_run) == f"refused by window: {refused}"
     assert asset_events(af_run) == [] and not (cfg.models_dir / "runs").exists()
 
 

@@ -20,6 +20,8 @@ from browser import Browser, chromium
 from test_dag_scheduler import _data, failed_tasks, standalone
 from test_registry_lifecycle import write_run
 
+from rl_core.registry import layout
+
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="needs Debian's chromium (`make test` installs it)")
 
 
@@ -29,6 +31,19 @@ def shot(b: Browser, tmp_path: Path, name: str) -> Path:
         Path(out).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(out) / path.name)
     return path
+
+
+def metric_rows(b: Browser) -> list[str]:
+    """The compare view's metric names in the order its Metrics table lists them (its name column, read as the
+    page's text: the names follow the "Metrics" heading and its "Show diff only" switch, the values come after)."""
+    lines = b.text().splitlines()
+    at = next(i for i, t in enumerate(lines) if t.strip() == "Metrics" and lines[i + 1].strip() == "Show diff only")
+    names = []
+    for t in lines[at + 2:]:
+        if "/" not in t:
+            break
+        names.append(t.strip())
+    return names
 
 
 @pytest.fixture
@@ -60,10 +75,22 @@ def test_mlflow_compare_view_shows_reward_kl_eval_deltas_and_parent(registered, 
         browser.wait_text("reward/mean", "train/kl_mean", "eval/delta_pass_rate", "parent_version", timeout=90)
         page = browser.text()
         assert f"v{versions[0]}-cycle-a" in page and f"v{versions[1]}-cycle-b" in page  # names say the version
-        print("buttons:", browser.buttons())
         browser.click_label("close")  # MLflow's assistant side panel, when it opens by itself
+        # the metrics table opens on the deciding numbers: reward, KL, the eval delta with its CI, in that order
+        rows = metric_rows(browser)
+        decide = [r.removeprefix(layout.DECIDE) for r in rows if r.startswith(layout.DECIDE)]
+        assert rows[:len(decide)] == [layout.DECIDE + d for d in decide], rows  # before every other metric
+        assert decide[:5] == ["1_reward_mean", "1_reward_n", "2_kl_max", "2_kl_mean", "3_eval_delta"], rows
         browser.scroll_to("Metrics")
         shot(browser, tmp_path, "mlflow-compare")
+        # and the artifacts both runs have, side by side (the card, charts, eval report, verdicts)
+        browser.scroll_to("Artifacts")
+        browser.wait_text(*layout.COMMON_FILES["train"], timeout=30)
+        assert "No common artifacts to display" not in browser.text()
+        browser.click("eval_deltas.png", "*")  # both runs' eval charts side by side
+        browser.wait("!document.body.innerText.includes('Select a file to preview') && [...document.images].filter("
+                     "i => i.complete && i.naturalWidth > 200).length >= 2", 30, what="both runs' eval_deltas.png")
+        shot(browser, tmp_path, "mlflow-compare-artifacts")
 
         browser.goto(f"{base}/#/models/{cfg.mlflow.model_name}/versions/{versions[1]}")
         browser.wait_text("reward mean", "KL mean / max", "eval pass-rate deltas", timeout=60)
