@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from rl_core.config_sources import (
     REPO_ROOT,
@@ -221,9 +221,25 @@ class ABConfig(Section):
     alpha: float = Field(0.05, gt=0, lt=1)
     primary: str = "edit_persisted_rate"
     guardrails: list[str] = ["dissatisfied_rate", "latency_p90_ms"]
+    # non-inferiority margins in each metric's units (dissatisfied_rate = 0.05, latency_p90_ms = 250): promote also
+    # needs each such guardrail's interval within its margin on the bad side (rl_core/ab/verdict.py); {}: no such check
+    guardrail_margins: dict[str, float] = {}
     bootstrap_iters: int = Field(1000, gt=0)
     cuped: bool = False
     cuped_pre_hours: float = Field(168.0, gt=0)  # CUPED covariate: each user's outcomes in this span before `since`
+
+    @field_validator("guardrail_margins")
+    @classmethod
+    def _known_metrics(cls, v: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        from rl_core.ab.result import check_margins  # lazy: the A/B's metrics (a module without rtrl imports)
+
+        return check_margins(v, info.data.get("guardrails", []))
+
+
+class OrgsConfig(Section):
+    # the share of an org's users its live adapter answers, by a stable salted hash of the user (docs/orgs.md,
+    # "Per-org A/B"); the others get the base version's answer. 1.0: all of them (no control arm)
+    ab_share: float = Field(1.0, ge=0.0, le=1.0)
 
 
 class Preference(Section):
@@ -300,6 +316,7 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     gates: GatesConfig = GatesConfig()
     ab: ABConfig = ABConfig()
+    orgs: OrgsConfig = OrgsConfig()
     simulate: SimulateConfig = SimulateConfig()
     source: str = ""  # the file this came from (informational)
 

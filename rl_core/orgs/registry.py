@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl_core.config import Config
+from rl_core.ids import check_org_id
 from rl_core.lake import Lake
 from rl_core.orgs.pipeline import check_org, org_run_id
 from rl_core.pipeline import ADAPTER_VERDICTS
@@ -122,3 +123,25 @@ def _adapter(acfg: Config, org_id: str, version: int) -> AdapterVersion:
     mv = store.get_version(acfg, version)
     return AdapterVersion(org_id, acfg.mlflow.model_name, version, mv.tags.get("adapter_version", ""),
                           str(store.checkpoint_path(acfg, version)), int(mv.tags.get("parent_version", 0)))
+
+
+# --- an org A/B's decision (rl_core/ab/org.py judges; these record it, and promote.py moves the alias) -------------
+
+def record_ab(cfg: Config, org_id: str, version: int, decision: str, summary: str) -> None:
+    """An org A/B's decision on the adapter's version (tags ab.decision, ab.summary); nothing moves."""
+    store.set_version_tags(adapter_config(cfg, org_id), version, {"ab.decision": decision, "ab.summary": summary})
+
+
+def keep_live(cfg: Config, org_id: str, version: int, reason: str) -> None:
+    """An org A/B's promote: the adapter stays `live`, the decision recorded on its version (tag ab.kept_live_at, a
+    line of its History; a retried apply adds no second line)."""
+    acfg = adapter_config(cfg, org_id)
+    store.set_version_tags(acfg, version, {"ab.kept_live_at": store.stamp()})
+    store.append_history(acfg, version, f"kept live: {reason}", once=True)
+
+
+def withdraw_live(cfg: Config, org_id: str, adapter_version: str, reason: str) -> int | None:
+    """An org A/B's rollback: the org's `live` alias removed if it still names adapter_version, its version tagged
+    rolled_back (rl_core.registry.promote.take_off_adapter, the one module that moves aliases); the org's base
+    version answers it again. Returns that version, or None when the alias had moved on (nothing moves)."""
+    return promote.take_off_adapter(cfg, check_org_id(org_id), adapter_version, reason)

@@ -12,6 +12,12 @@ runtime under its name (/v1/load_lora_adapter) and answers with model=<name>: th
 logprobs as its base, no second stack. Any other engine (transformers: the fallback and the tests' path) gets
 a copy of its base with the adapter merged in beside it (peft merge_and_unload: same outputs, plain-model speed).
 
+A share of the org's users (`[orgs] ab_share`, default 1.0: all of them): with a share below 1, a user of the org
+is answered by the adapter only when a stable number per user, the router's user_bucket of the user salted with the
+org (in_adapter_arm: independent of the champion/challenger split and of every other org's), is below the share;
+the others get the base answer, logged with adapter_version null. `rtrl ab --org` compares the two groups
+(rl_core/ab/org.py).
+
 Going off traffic: when the `live` alias moves, is removed (a rollback) or the org opts out
 (harvest.opt_out_orgs), the new map is swapped in at once and the old adapter is retired: every request in
 flight on it holds a count on it and finishes on it, and the last one out unloads it (/v1/unload_lora_adapter,
@@ -30,8 +36,23 @@ from rl_core.config import Config
 from rl_core.orgs.registry import AdapterVersion, live_adapter
 from rl_core.registry import store
 from rl_core.serving.backends.base import OnAdapter
+from rl_core.serving.router import user_bucket
 
 log = logging.getLogger("rtrl.orgs.serving")
+AB_SALT = "rtrl-org-adapter-ab"  # the per-org split's own salt: never the champion/challenger split's buckets
+
+
+def in_adapter_arm(org: str, user_id: str | None, share: float) -> bool:
+    """Is this user of the org answered by its live adapter? Every user at share 1.0, none at 0.0; in between those
+    whose salted user_bucket (AB_SALT, the org, the user) is below the share: the same user always gets the same
+    answer, and the split is independent of the champion/challenger split (unsalted) and of other orgs'. A request
+    without a user (not from the gateway, which always has one) gets the base answer unless every user gets the
+    adapter."""
+    if share >= 1.0:
+        return True
+    if share <= 0.0 or not user_id:
+        return False
+    return user_bucket(f"{AB_SALT}\x00{org}\x00{user_id}") < share
 
 
 def load_adapter_backend(base_checkpoint: str | Path, adapter_dir: str | Path, dtype: str = "float32"):
@@ -159,9 +180,10 @@ class AdapterPool:
             backend = load_adapter_backend(store.checkpoint_path(self.cfg, base), live.path, self.cfg.model.dtype)
         return LoadedAdapter(live.adapter_version, base, engine, backend)
 
-    def select(self, org: str | None, lease):
-        """The lease to answer with: the org's adapter on the arm's version and engine, else the lease unchanged."""
-        if not org or lease.arm == "pinned":
+    def select(self, org: str | None, lease, user_id: str | None = None):
+        """The lease to answer with: the org's adapter on the arm's version and engine when the user is in the
+        adapter's share of the org (in_adapter_arm, `[orgs] ab_share`), else the lease unchanged."""
+        if not org or lease.arm == "pinned" or not in_adapter_arm(org, user_id, self.cfg.orgs.ab_share):
             return lease
         for _ in range(2):  # a swap may retire the adapter just read: read the new state once more
             have = self._loaded.get(org)

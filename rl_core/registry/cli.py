@@ -88,11 +88,24 @@ def _deploy(args) -> int:
 
 # --- ab -------------------------------------------------------------------------------------------
 
+AB_EPILOG = """Decision: continue while either arm has fewer than [ab] min_samples_per_arm interactions; rollback when
+the primary metric or a guardrail is significantly worse; promote when the primary is significantly better and every
+guardrail with a margin ([ab] guardrail_margins, e.g. { dissatisfied_rate = 0.05, latency_p90_ms = 250 }) is shown
+non-inferior (its interval's bad-side bound within the margin); else continue, naming what is missing.
+--org ORG: that org's live LoRA adapter against its base version, on the org's requests only (a share of its users
+get the adapter: [orgs] ab_share); run ab-<org>-<since>-<until> in the A/B experiment, tag org; --apply: rollback
+removes the org's live alias, promote keeps it live and records the decision (docs/orgs.md)."""
+
+
 def add_ab(p: argparse.ArgumentParser) -> None:
+    p.epilog = AB_EPILOG
     p.add_argument("--since", required=True, type=parse_time, help="window start: ISO 8601 or an age like 5h")
     p.add_argument("--until", type=parse_time, help="window end (default: now)")
+    p.add_argument("--org", help="judge this org's live adapter against its base version (an org of [serving] "
+                                 "tokens), instead of the challenger against the champion")
     p.add_argument("--cuped", action=argparse.BooleanOptionalAction, default=None, help="default: [ab] cuped")
-    p.add_argument("--apply", action="store_true", help="carry out the verdict (promote / roll back)")
+    p.add_argument("--apply", action="store_true",
+                   help="carry out the verdict (promote / roll back; with --org: the org's live adapter)")
     p.add_argument("--no-log", action="store_true", help="do not write the report to the lake and MLflow")
     p.set_defaults(run=_ab)
 
@@ -100,11 +113,23 @@ def add_ab(p: argparse.ArgumentParser) -> None:
 def _ab(args) -> int:
     # lazy: keeps rtrl --help fast (pyarrow, duckdb)
     from rl_core.ab.report import to_markdown
-    from rl_core.ab.verdict import ab_verdict, apply_verdict
 
     cfg = _cfg()
+    if args.org is not None and args.org not in set(cfg.serving.tokens.values()):
+        print(f"rtrl ab: --org {args.org!r}: no bearer token of [serving] tokens names this org, so the gateway "
+              "serves it nothing to compare", file=sys.stderr)
+        return 2
     try:
-        result = ab_verdict(cfg, args.since, args.until, cuped=args.cuped, log=not args.no_log)
+        if args.org is not None:
+            from rl_core.ab.org import apply_org_verdict as apply
+            from rl_core.ab.org import org_ab_verdict
+
+            result = org_ab_verdict(cfg, args.org, args.since, args.until, cuped=args.cuped, log=not args.no_log)
+        else:
+            from rl_core.ab.verdict import ab_verdict
+            from rl_core.ab.verdict import apply_verdict as apply
+
+            result = ab_verdict(cfg, args.since, args.until, cuped=args.cuped, log=not args.no_log)
     except ValueError as exc:
         return _fail("ab", exc)
     print(to_markdown(result), end="")
@@ -114,7 +139,7 @@ def _ab(args) -> int:
         from rl_core.registry.drift import AliasDrift  # lazy: keeps rtrl --help fast (mlflow)
 
         try:
-            print(f"applied: {apply_verdict(cfg, result)}")
+            print(f"applied: {apply(cfg, result)}")
         except AliasDrift as exc:
             return _fail("ab --apply", exc)
     return 0

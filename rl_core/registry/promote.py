@@ -88,7 +88,7 @@ def take_off_tripped(cfg: Config, verdict: Verdict, dry_run: bool = False) -> st
 def _take_off_adapter(cfg: Config, verdict: Verdict, tripped: dict, dry_run: bool) -> list[str]:
     """The org's `live` alias removed when it still names the tripped adapter (tagged rolled_back)."""
     # lazy: circular (orgs.registry <-> registry.promote)
-    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter
+    from rl_core.orgs.registry import live_adapter
 
     name, org = tripped["adapter_version"], tripped["org_id"]
     live = live_adapter(cfg, org)
@@ -97,11 +97,24 @@ def _take_off_adapter(cfg: Config, verdict: Verdict, tripped: dict, dry_run: boo
     why = "; ".join(r for r in verdict.reasons if r.startswith(f"adapter {name} "))
     if dry_run:
         return [f"dry run: adapter {name} of {org} would be taken off traffic ({why})"]
-    acfg, reason = adapter_config(cfg, org), f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}"
-    drift.guard(acfg, f"taking adapter {name} of {org} off traffic", moves=(LIVE_ALIAS,), adds=False)
+    take_off_adapter(cfg, org, name, f"monitors tripped in {verdict.details.get('run_id', '?')}: {why}")
+    return [f"adapter {name} of {org} taken off traffic (its base version serves the org): {why}"]
+
+
+def take_off_adapter(cfg: Config, org_id: str, adapter_version: str, reason: str) -> int | None:
+    """The org's `live` alias removed if it still names adapter_version (a monitors trip, an org A/B rollback), its
+    version tagged rolled_back: the org's base version answers it again. Returns that version, None when the alias
+    named another adapter (or none): nothing moves."""
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter  # lazy: circular (as above)
+
+    live = live_adapter(cfg, org_id)
+    if live is None or live.adapter_version != adapter_version:
+        return None
+    acfg = adapter_config(cfg, org_id)
+    drift.guard(acfg, f"taking adapter {adapter_version} of {org_id} off traffic", moves=(LIVE_ALIAS,), adds=False)
     store.delete_alias(acfg, LIVE_ALIAS, f"rollback: {reason}")
     _mark_rolled_back(acfg, live.version, reason)
-    return [f"adapter {name} of {org} taken off traffic (its base version serves the org): {why}"]
+    return live.version
 
 
 def _require(cfg: Config, alias: str, expected: int | None) -> int:

@@ -258,7 +258,7 @@ class Router:
     def route(self, model: str, user_id: str, org: str | None = None) -> Lease:
         """The lease answering `model` for this user; the org's live adapter when one fits (see adapters)."""
         lease = self._route(model, user_id)
-        return self.adapters.select(org, lease) if self.adapters is not None else lease
+        return self.adapters.select(org, lease, user_id) if self.adapters is not None else lease
 
     def _route(self, model: str, user_id: str) -> Lease:
         aliases = self._aliases  # one read: the whole request uses this map

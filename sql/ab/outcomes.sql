@@ -1,19 +1,14 @@
--- One row per A/B interaction with its logged outcomes (used by ab.py as the temp table `outcomes`).
--- Inputs: views `interactions` and `feedback` over the lake's raw partitions; parameters
---   $since, $until        the A/B window on ts_request, [since, until)
---   $champion, $challenger the MLflow versions behind each arm (other versions in the window are ignored)
+-- One row per A/B interaction with its logged outcomes (the temp table `outcomes` of rl_core/ab/verdict.py).
+-- Inputs: table `arms` (event_id, user_id, arm, latency_ms: one row per interaction of either arm, from arms.sql
+-- or org_arms.sql) and view `feedback` over the lake's raw partitions; parameters
 --   $dis_strong, $dis_weak, $dis_positive: the follow-up lexicon of rl_core/rewards/followup.py
 --   $w_persisted, $w_reverted, $w_dissatisfied, $w_latency, $w_thumbs, $latency_budget_ms
 --                         reward weights (config [rewards]) for the logged reward
--- Duplicates are harmless: interactions are deduplicated by event_id, feedback only enters through
--- bool_or, so a replayed feedback event counts once.
+-- Duplicates are harmless: `arms` holds each event_id once, feedback only enters through bool_or, so a replayed
+-- feedback event counts once.
 WITH i AS (
     SELECT event_id, user_id, arm, latency_ms
-    FROM interactions
-    WHERE ts_request >= $since AND ts_request < $until
-      AND ((arm = 'champion' AND model_version = $champion)
-        OR (arm = 'challenger' AND model_version = $challenger))
-    QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY ts_response) = 1
+    FROM arms
 ),
 f AS (
     SELECT
