@@ -254,3 +254,27 @@ def test_the_pooled_rule_is_one_mlflow_run_that_a_rerun_updates(cfg):
     assert run.info.run_name == "protocol-p-pooled" and run.data.tags["success"] == "true"
     assert run.data.tags["seeds"] == "1,2" and run.data.metrics["protocol/pooled/ci_low"] == pytest.approx(pool["ci_low"])
     assert run.data.metrics["protocol/pooled/n_users"] == 16
+
+
+def test_seeds_pool_as_a_random_effect_when_they_disagree_more_than_their_users_do():
+    from rl_core.simulate.org_protocol import pooled_orgs, random_effects
+
+    # equal seeds: no between-seed variance, the fixed-effect mean, and a t on k-1 df (wider than the normal's)
+    same = random_effects([0.2, 0.2, 0.2], [0.05, 0.05, 0.05])
+    assert same["tau"] == 0 and same["diff"] == pytest.approx(0.2)
+    assert same["se"] == pytest.approx(0.05 / 3**0.5) and same["ci_low"] < 0.2 - 1.96 * same["se"]
+    # seeds that disagree (the six of v10's training ran from +0.02 to +0.35): tau > 0 and an interval far wider
+    # than the fixed-effect one (over three times as wide here: its lower bound falls to about zero)
+    spread = random_effects([0.02, 0.35, 0.04, 0.21, 0.03, 0.30], [0.06] * 6)
+    assert spread["tau"] > 0.1 and spread["diff"] == pytest.approx(0.158, abs=0.01) and spread["seeds"] == 6
+    assert spread["ci_high"] - spread["diff"] > 3 * 1.96 * 0.06 / 6**0.5 and spread["ci_low"] < 0.01
+    assert random_effects([0.2], [0.05]) is None and random_effects([0.1, 0.2], [0.05, 0.0]) is None
+    # the org rule with pool = "seeds_random" judges that interval; the users-pooled one is still reported
+    a = _org_seed(1, [0.25, 0.5, 0.0, 0.25], [0.0, -0.25, 0.25, -0.25])
+    b = _org_seed(2, [0.5, -0.25, 0.5, 0.25], [-0.25, 0.25, 0.0, -0.5])
+    users, seeds = pooled_orgs([a, b], "p", [1, 2], 0), pooled_orgs([a, b], "p", [1, 2], 0, pool="seeds_random")
+    assert users["success"] and users["seed_random_effect"] == seeds["seed_random_effect"]
+    assert seeds["diff"] == seeds["seed_random_effect"]["diff"] and seeds["ci_low"] < 0 and not seeds["success"]
+    assert seeds["did"] == users["did"] and seeds["n_users"] == users["n_users"] == 16
+    assert "the seed a random effect, over seeds [1, 2]" in markdown([], seeds) and "on 1 df" in markdown([], seeds)
+    assert "n/a (fewer than 2 seeds)" in markdown([], pooled_orgs([a], "p", [1], 0, pool="seeds_random"))

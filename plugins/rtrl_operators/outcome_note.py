@@ -1,8 +1,8 @@
 """Every finished run of an rtrl DAG gets its outcome line as its note, whoever made the run.
 
 The DAG's last task, `outcome`, returns one line (`skipped: why`, `refused by <gate>: why`, `registered vN ->
-challenger`, the A/B decision with per-arm counts). Airflow shows a run's note on the run's page and in the
-grid's tooltip, but a task cannot set it: Airflow 3 tasks reach the metadata DB only through the Task SDK, which
+challenger`, the A/B decision with per-arm counts). Airflow shows a run's note under the run page's header, but a
+task cannot set it: Airflow 3 tasks reach the metadata DB only through the Task SDK, which
 has no note API. The scheduler can: Airflow calls this listener from `DagRun.update_state` when a run ends, inside
 the scheduler's session (and `dag.test()`'s), so a scheduled run, a backfill, a manual run from the UI and
 `rtrl cycle`'s run all read the same line where an operator looks first. A note someone already wrote stays.

@@ -173,7 +173,8 @@ def _pool(summaries: list[dict], proto: Protocol) -> dict | None:
     """The rule over the seeds found: the paired test (cycle) or the pooled DiD (orgs); None with no users."""
     if proto.dag == "orgs":
         users = sum(len(s["orgs"]["user_rate_diffs"]) for s in summaries if s.get("orgs"))
-        return pooled_orgs(summaries, proto.name, proto.seeds, proto.min_seeds_excluding_zero) if users > 3 else None
+        return pooled_orgs(summaries, proto.name, proto.seeds, proto.min_seeds_excluding_zero,
+                           proto.pool) if users > 3 else None
     users = sum(len(s.get("primary_user_diffs", s["user_diffs"])) for s in summaries)
     return pooled(summaries, proto) if users > 1 else None
 

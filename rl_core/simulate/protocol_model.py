@@ -74,6 +74,9 @@ class Protocol(BaseModel):
     success: str  # the rule, in words, as registered
     max_minutes: float | None = None  # each seed's run must end within this (a check: within_minutes)
     min_seeds_excluding_zero: int = Field(2, ge=0)  # orgs: see org_protocol.pooled_orgs
+    # orgs: how seeds pool: "users" (every seed's users as one sample) or "seeds_random" (each seed's DiD, the seed
+    # a random effect: org_protocol.random_effects)
+    pool: Literal["users", "seeds_random"] = "users"
     config: dict[str, dict] = {}  # rtrl.toml sections -> keys: applied to every run as RTRL_<S>__<K>
 
     @property

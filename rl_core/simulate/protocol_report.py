@@ -79,6 +79,13 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
             f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
     if pool and pool.get("kind") == "did" and not pool["did"]:
         lines += ["", f"pooled DiD over seeds {pool['seeds']}: n/a (an org has fewer than 2 users); success: False"]
+    elif pool and pool.get("kind") == "did" and pool.get("pool") == "seeds_random":
+        re_ = pool["seed_random_effect"]
+        est = (f"{f(re_['diff'])} (SE {re_['se']:.3f}, Hartung-Knapp 95% CI [{f(re_['ci_low'])}, {f(re_['ci_high'])}] "
+               f"on {re_['seeds'] - 1} df, between-seed SD {re_['tau']:.3f})") if re_ else "n/a (fewer than 2 seeds)"
+        lines += ["", f"pooled DiD, the seed a random effect, over seeds {pool['seeds']}: {est}; "
+                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero; every other check in every seed: "
+                      f"{pool['every_other_check_in_every_seed']}; success: {pool['success']}"]
     elif pool and pool.get("kind") == "did":
         moves = ", ".join(f"{o} {'+' if m['want'] else '-'}: {f(m['mean_rate_change'])}" for o, m in pool["org_moves"].items())
         lines += ["", f"pooled DiD over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
