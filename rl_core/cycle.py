@@ -6,7 +6,7 @@ re-exported here for the callers that import them from this module. `run_cycle` 
 compaction into the lake, a DAG run of realtime_rl whose data interval is exactly the window the traffic fell
 in, then a summary read back from the lake and MLflow. Everything it starts it stops (process groups).
 
-The DAG run goes through the scheduler (rl_core/dagrun.py: `airflow standalone`, the run triggered over REST), so
+The DAG run goes through the scheduler (rl_core/dagrun.py: the embedded Airflow of rl_core/runtime/airflow.py, the run triggered over REST), so
 its task logs are under $AIRFLOW_HOME/logs where the UI reads them, like any run's, and its outcome line becomes the
 run's note. `rtrl experiment` (a gateway and a warm server that outlive its cycles) runs each cycle's DAG in one
 process instead (`dag.test()` with the same data interval), its output in dags-test.log.
@@ -150,7 +150,7 @@ def run_cycle(cfg: Config, interactions: int | None = None, log_dir: Path | None
               warm_socket: str | None = None, run_dag: bool = True, dag_id: str | None = None,
               via_scheduler: bool | None = None) -> CycleReport:
     """init -> gateway -> simulated traffic -> compaction -> a DAG run on the window -> report; stops what it starts.
-    via_scheduler: run the DAG through `airflow standalone` (scheduler_run); default: unless gateway_url or
+    via_scheduler: run the DAG through the embedded Airflow (scheduler_run); default: unless gateway_url or
     warm_socket is given (`rtrl experiment`), whose cycles run it in one process (dags_test).
     policy_version: the version the DAG updates (its `policy_version` param); None = the champion.
     gateway_url: a gateway that outlives the cycle (`rtrl experiment`, rl_core/serving/gateway.py): instead
@@ -231,7 +231,7 @@ def add_cycle(p: argparse.ArgumentParser) -> None:
 def _run(args) -> int:
     cfg = load_config()
     if args.ui == "airflow":
-        log = cfg.home_path / "logs" / "airflow-standalone.log"
+        log = cfg.home_path / "logs" / "airflow.log"
         proc, password = start_airflow(cfg, cfg.airflow.ui_port, log)
         print(f"Airflow UI  http://127.0.0.1:{cfg.airflow.ui_port}   user admin   password {password}")
         print(f"AIRFLOW_HOME {cfg.airflow_home}   log {log}   (Ctrl-C stops the whole process group)")

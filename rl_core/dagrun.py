@@ -2,7 +2,7 @@
 
 Every run's data interval is its harvest window (rl_core/window.py). `rtrl cycle`'s window is the minutes its
 traffic fell in, not a grid window, so its run is triggered the way the trigger form's Data Interval "Specify
-Manually" does it (REST data_interval_start/_end), on `airflow standalone` whose scheduler makes no run of its own:
+Manually" does it (REST data_interval_start/_end), on the embedded Airflow (rl_core/runtime/airflow.py) whose scheduler makes no run of its own:
 the run's task logs land under $AIRFLOW_HOME/logs, where the UI (`make airflow`) reads them, and its one-line outcome
 is its note, as for every run (the plugin's listener, plugins/rtrl_operators/outcome_note.py). `rtrl experiment`'s cycles run the DAG in one process
 (dag.test(), forkable from the warm server), the timetable told the window (GridTimetable.manual_window), since
@@ -80,12 +80,12 @@ def check_ui_port(cfg: Config) -> str:
 
 
 def scheduler_run(cfg: Config, w: Window, log: Path, dag_id: str, conf: dict[str, Any]) -> tuple[int, str, str | None]:
-    """`rtrl cycle`'s DAG run, like any other: `airflow standalone` on [airflow] ui_port, its scheduler making no
+    """`rtrl cycle`'s DAG run, like any other: the embedded Airflow on [airflow] ui_port, its scheduler making no
     run of its own (use_job_schedule off); the run triggered with w as its data interval (trigger_window), waited
     for (its outcome line is its note); the DAG's pause state restored, Airflow stopped. Its task logs stay under
     $AIRFLOW_HOME/logs, where `make airflow` shows them. Returns (0 if it succeeded else 1, run id, outcome)."""
     base = check_ui_port(cfg)
-    print(f"[cycle] airflow standalone on {base} (log {log})")
+    print(f"[cycle] airflow on {base} (log {log})")
     proc, password = start_airflow(cfg, cfg.airflow.ui_port, log, AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False")
     try:
         api, deadline = rest_client(base, password), time.time() + 300
@@ -100,7 +100,7 @@ def scheduler_run(cfg: Config, w: Window, log: Path, dag_id: str, conf: dict[str
             print(f"[cycle] DAG run {run_id}: {base}/dags/{dag_id}/runs/{run_id} (admin / {password}) while it runs")
             while (state := _run_state(api, f"/dags/{dag_id}/dagRuns/{run_id}")) not in ("success", "failed"):
                 if proc.poll() is not None:
-                    raise RuntimeError(f"airflow standalone exited ({proc.returncode}) during {run_id} (log {log})")
+                    raise RuntimeError(f"airflow exited ({proc.returncode}) during {run_id} (log {log})")
                 time.sleep(3)
             line = outcome_of(api, dag_id, run_id)
         finally:

@@ -2,7 +2,7 @@
 
 Why: `mlflow ui` starts, beside its web worker, MLflow's job execution (a job runner and seven huey consumer
 processes, ~235 MiB each) that serves GenAI features rtrl does not use (scorers, prompt optimisation); measured
-here (2-core AMD EPYC, 24 GB) it held 2.50 GB at peak over 10 processes, and 0.52 GB over 2 processes with
+here (2-core Intel Xeon, 24 GB; bench/mlflow_memory.py) it held 2342 MiB RSS at peak over 10 processes, and 503 MiB over 2 with
 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false (docs/production.md, "Embedded UIs"). The production stack's server
 (rl_core/stack/parts.py) runs with the same setting.
 
