@@ -148,13 +148,17 @@ class Browser:
         except AssertionError:
             return False
 
-    def open_trigger_dialog(self, base: str, password: str, dag_id: str = "realtime_rl") -> None:
-        """As a person does on the Airflow UI: sign in as admin, open the DAG, press Trigger; the dialog is open."""
+    def sign_in(self, base: str, password: str) -> None:
+        """Sign in to the Airflow UI as admin (simple auth manager), as a person does."""
         self.goto(base)
         self.fill("input[name=username]", "admin")
         self.fill("input[name=password]", password)
         self.click("Sign in", "button")
         self.wait_text("Dags")
+
+    def open_trigger_dialog(self, base: str, password: str, dag_id: str = "realtime_rl") -> None:
+        """As a person does on the Airflow UI: sign in as admin, open the DAG, press Trigger; the dialog is open."""
+        self.sign_in(base, password)
         self.goto(f"{base}/dags/{dag_id}")
         self.wait_text(dag_id, "Backfills")
         assert self.click_label("Trigger Dag", timeout=30), self.buttons()

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -106,8 +106,10 @@ BACKFILL_RUN = f"backfill__{WINDOW[1].isoformat()}"  # a grid run's logical date
 
 
 def set_datetime(b: Browser, index: int, when: datetime) -> None:
-    """Airflow's date-time field: a popover with a YYYY/MM/DD and an HH:mm input (UTC, the UI's default zone)."""
-    trigger = b.js(f"document.querySelectorAll('[data-testid=datetime-input]')[{index}].id")
+    """Airflow's date-time field, the index-th of those visible: a popover with a YYYY/MM/DD and an HH:mm input (UTC,
+    the UI's default zone)."""
+    trigger = b.js("[...document.querySelectorAll('[data-testid=datetime-input]')].filter(e => e.offsetParent !== null)"
+                   f"[{index}].id")
     content = trigger.replace(":trigger", ":content")
     opened = f"(document.getElementById('{content}') || {{}}).getAttribute?.('data-state') === 'open'"
     if not b.js(opened):
@@ -119,18 +121,82 @@ def set_datetime(b: Browser, index: int, when: datetime) -> None:
     b.wait(f"!({opened})", 10, what="the popover to close")
 
 
+MANUAL = (datetime(2026, 12, 1, 10, 0, tzinfo=UTC), datetime(2026, 12, 1, 12, 30, tzinfo=UTC))  # off the grid, no traffic
+REFUSED_AT = datetime(2026, 12, 2, 10, tzinfo=UTC)  # a logical date whose grid window the params below contradict
+REFUSED_PARAMS = {"start": "2026-12-02T04:30:00+00:00", "end": "2026-12-02T10:30:00+00:00"}
+
+
+def trigger_single_run(b: Browser, base: str, window: tuple[datetime, datetime], tmp_path: Path) -> None:
+    """Trigger -> Single Run with Data Interval "Specify Manually" set to window (the logical date left as the form
+    fills it): what docs/production.md tells an operator to do for a window off the grid."""
+    b.goto(f"{base}/dags/realtime_rl")
+    b.wait_text("realtime_rl", "Backfills")
+    assert b.click_label("Trigger Dag", timeout=30), b.buttons()
+    b.wait_text("Single Run", "Data Interval")
+    b.click("Specify Manually", "label, span")
+    visible = "[...document.querySelectorAll('[data-testid=datetime-input]')].filter(e => e.offsetParent !== null)"
+    b.wait(f"{visible}.length === 3", 10, what="Logical Date, Start and End")
+    set_datetime(b, 1, window[0])
+    set_datetime(b, 2, window[1])
+    shot(b, tmp_path, "airflow-trigger-window")
+    b.click("Trigger", "button")
+    b.wait_text("Dag run has been successfully triggered")
+
+
+def run_page_says(b: Browser, base: str, run_id: str, window: tuple[datetime, datetime], outcome: str) -> str:
+    """The run's page as an operator opens it from the runs list: its note is the outcome line, its data interval
+    the window (as the Details tab lists it, in the UI's UTC). Returns the page's text."""
+    b.goto(f"{base}/dags/realtime_rl/runs/{run_id}/details")
+    b.wait_text(outcome, "Data Interval Start", timeout=60)
+    text = b.text()
+    for label, when in (("Data Interval Start", window[0]), ("Data Interval End", window[1])):
+        shown = text[text.index(label) + len(label):].strip().splitlines()[0]
+        assert shown.startswith(f"{when:%Y-%m-%d %H:%M}"), (label, shown)
+    return text
+
+
+def wait_run(api, run_id: str, states: set[str], log: Path, timeout: float = 900) -> str:
+    deadline = time.time() + timeout
+    while (state := api.get(f"/dags/realtime_rl/dagRuns/{run_id}").json().get("state")) not in states:
+        assert state not in ("success", "failed"), (state, failed_tasks(api, [run_id]))
+        assert time.time() < deadline, (state, log.read_text()[-3000:])
+        time.sleep(5)
+    return state
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # airflow standalone starts in 1-3 min here, the backfilled cycle takes ~3 min
+@pytest.mark.timeout(1500)  # airflow standalone starts in 1-3 min here, the backfilled cycle takes ~3 min, two short runs
 @needs_chromium
-def test_backfill_created_in_the_airflow_ui_runs_its_window_to_success(registered, tmp_path, browser):
+def test_runs_from_the_airflow_ui_show_their_window_and_their_outcome(registered, tmp_path, browser):
+    """A backfill from the Trigger dialog (registers v2), a single run with a manual data interval (no traffic:
+    skipped) and a run whose params contradict its interval (refused): each run's page shows its window as its data
+    interval and its outcome line as its note."""
     from rl_core.registry import store
 
     cfg = registered
     _data(cfg, *WINDOW, seed=3)  # a seed whose few users span both orgs (gate_episodes' max_org_share)
     with standalone(cfg, tmp_path) as af:
         base, api, log = af.base, af.api, af.log
+        browser.sign_in(base, af.password)
+        trigger_single_run(browser, base, MANUAL, tmp_path)
+        manual = [r for r in api.get("/dags/realtime_rl/dagRuns").json()["dag_runs"] if r["run_type"] == "manual"]
+        assert len(manual) == 1, manual
+        wait_run(api, manual[0]["dag_run_id"], {"success"}, log)
+        run_page_says(browser, base, manual[0]["dag_run_id"], MANUAL, "skipped: no traffic in [2026-12-01T10:00:00")
+        shot(browser, tmp_path, "airflow-run-skipped")
+
+        r = api.post("/dags/realtime_rl/dagRuns", json={"logical_date": REFUSED_AT.isoformat(), "conf": REFUSED_PARAMS})
+        assert r.status_code == 200, r.text
+        refused = r.json()["dag_run_id"]
+        wait_run(api, refused, {"failed"}, log)
+        grid = (REFUSED_AT - timedelta(hours=5), REFUSED_AT)
+        run_page_says(browser, base, refused, grid, "refused by window: params start/end name the window")
+        shot(browser, tmp_path, "airflow-run-refused")
+
         # as a person does: sign in, open the DAG, Trigger -> Backfill, pick the window, run it
-        browser.open_trigger_dialog(base, af.password)
+        browser.goto(f"{base}/dags/realtime_rl")
+        browser.wait_text("realtime_rl", "Backfills")
+        assert browser.click_label("Trigger Dag", timeout=30), browser.buttons()
         browser.js("document.querySelector('input[type=radio][value=backfill]').click()")
         browser.wait_text("Run Backfill - realtime_rl", "Date Range")
         set_datetime(browser, 0, WINDOW[0])
@@ -139,14 +205,14 @@ def test_backfill_created_in_the_airflow_ui_runs_its_window_to_success(registere
         shot(browser, tmp_path, "airflow-backfill-dialog")
         browser.click("Run Backfill", "button")
         browser.wait_text("Backfill in progress")
+        wait_run(api, BACKFILL_RUN, {"success"}, log)
+        run_page_says(browser, base, BACKFILL_RUN, WINDOW, "registered v2 -> challenger")
+        shot(browser, tmp_path, "airflow-run-registered")
 
-        deadline = time.time() + 900
-        while (state := api.get(f"/dags/realtime_rl/dagRuns/{BACKFILL_RUN}").json().get("state")) != "success":
-            assert state != "failed", failed_tasks(api, [BACKFILL_RUN])
-            assert time.time() < deadline, (state, log.read_text()[-3000:])
-            time.sleep(5)
         browser.goto(f"{base}/dags/realtime_rl/runs")
-        browser.wait_text(BACKFILL_RUN, "Backfill", "Success")
-        shot(browser, tmp_path, "airflow-backfill-runs")
+        browser.wait_text(BACKFILL_RUN, "Backfill", "Success", "Failed")
+        shot(browser, tmp_path, "airflow-runs")
+        notes = {r["dag_run_id"]: r["note"] for r in api.get("/dags/realtime_rl/dagRuns").json()["dag_runs"]}
+        assert notes[BACKFILL_RUN].startswith("registered v2 -> challenger"), notes
     v2 = store.version_for_alias(cfg, "challenger")
     assert v2 == 2 and store.get_version(cfg, 2).tags["airflow.run_id"] == BACKFILL_RUN
