@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "bench/protocols/tiny.toml"
 BAND = "{repo}/bench/band"
 NEW_FIELDS = {"bank": "", "heldout": 0.0, "split_seed": None, "new_users": False, "baseline": False,
-              "rate_share": 1.0, "flip": 0.0, "noninferior": [], "guard_test": "point"}
+              "rate_share": 1.0, "flip": 0.0, "noninferior": [], "guard_test": "point", "measure_users": None,
+              "measure_interactions": None}
 
 
 def _write(tmp_path: Path, extra: str, base: Path = TINY, **replace: str) -> Path:

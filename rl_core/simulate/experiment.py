@@ -281,8 +281,8 @@ def run_experiment(cfg: Config, cycles: int, interactions: int | None, out_dir: 
                    plans: list[heldout.CyclePlan] | None = None) -> tuple[list[CycleMetrics], Paired | None, str]:
     """K cycles on one gateway; measure_last: the last cycle serves and is measured, and trains nothing;
     dag_id: the DAG each cycle runs (default the cycle's; the org-adapter DAG for an org experiment);
-    plans: one per cycle (heldout.plans: the bank its users ask, which users, their raters; run_dag False: it
-    only serves, as a baseline does). Default: the config's bank and users in every cycle, as before; the plan
+    plans: one per cycle (heldout.plans: the bank its users ask, which users and how many, their raters, its
+    interactions; run_dag False: it only serves, as a baseline does). Default: the config's bank and users in every cycle, as before; the plan
     then only collects each request's record (CycleMetrics.requests)."""
     if cycles < 1:
         raise ValueError(f"cycles must be >= 1, got {cycles}")
@@ -310,7 +310,7 @@ def run_experiment(cfg: Config, cycles: int, interactions: int | None, out_dir: 
                   file=sys.stderr)
             dag = plan.run_dag if plan.run_dag is not None else not (measure_last and k == cycles)
             with heldout.planned(plan):
-                report = run_cycle(cfg, interactions=interactions, log_dir=out_dir / f"cycle-{k}",
+                report = run_cycle(cfg, interactions=plan.interactions or interactions, log_dir=out_dir / f"cycle-{k}",
                                    policy_version=train_base(cfg, train_from), gateway_url=url,
                                    warm_socket=str(sock) if sock else None, run_dag=dag, dag_id=dag_id)
             if k == 1:  # the one start-up belongs to the first cycle's time

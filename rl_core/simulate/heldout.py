@@ -13,6 +13,11 @@ kind) tasks are ordered by a hash of (seed, task id) and the first round(share x
 and at most n - 1 of a stratum of two or more. A stratum of one task is trained on. So every kind is in both
 parts in about the registered share, and the same seed and bank give the same split whatever the file order.
 
+The measured requests can be more than the trained ones (`measure_users`, `measure_interactions`): the baseline
+and the measured cycle then serve that many users (the trained cycle's users first, the same seeded sequence, then
+users the update never saw) and that many interactions, while the trained cycle keeps its registered size (so a
+frozen training stays exactly as it was and only the measurement gains power).
+
 How a plan reaches the simulated users: run_experiment (experiment.py) enters `planned(plan)` around each
 cycle; runner.simulate reads `current()`: the bank to ask, the users, their raters, and a list that collects
 each request's record (users.request_record). No plan: the config's bank and users, exact raters, as before.
@@ -89,6 +94,7 @@ class CyclePlan:
     """What one cycle's simulated users do. bank None: the config's; users "new": new_users(), else the
     config's; rate_share/flip: their raters (raters.py); heldout: the task ids recorded as held out;
     role: "train", "measured" or "baseline" (a measuring cycle of v1 that trains nothing);
+    n_users / interactions: this cycle's users and interaction budget (None: the config's, the experiment's);
     records: every request's record, filled by the simulator."""
 
     role: str = "train"
@@ -98,6 +104,8 @@ class CyclePlan:
     flip: float = 0.0
     heldout: frozenset[str] = frozenset()
     run_dag: bool | None = None  # None: the experiment decides (measure_last); False: traffic only
+    n_users: int | None = None
+    interactions: int | None = None
     records: list[dict] = field(default_factory=list)
 
 
@@ -129,6 +137,8 @@ class Design:
     rate_share: float = 1.0
     flip: float = 0.0
     split_seed: int | None = None
+    measure_users: int | None = None  # the baseline and measured cycles' users (None: the trained cycles')
+    measure_interactions: int | None = None  # and their interactions (None: the trained cycles')
 
 
 def plans(design: Design, cycles: int, measure_last: bool, seed: int, task_ids: list[str]) -> tuple[list[CyclePlan], dict]:
@@ -142,21 +152,28 @@ def plans(design: Design, cycles: int, measure_last: bool, seed: int, task_ids: 
     rater = {"rate_share": design.rate_share, "flip": design.flip}
     last_users = "new" if design.new_users else "same"
     held_ids = frozenset(split.heldout_ids) if split else frozenset()
-    out = [CyclePlan("baseline", held, last_users, heldout=held_ids, run_dag=False, **rater)] if design.baseline else []
+    size = {"n_users": design.measure_users, "interactions": design.measure_interactions}
+    out = [CyclePlan("baseline", held, last_users, heldout=held_ids, run_dag=False, **rater, **size)
+           ] if design.baseline else []
     for k in range(1, cycles + 1):
         last = k == cycles
         measured = last and measure_last
         out.append(CyclePlan("measured" if measured else "train", held if last else train,
-                             last_users if last else "same", heldout=held_ids if last else frozenset(), **rater))
+                             last_users if last else "same", heldout=held_ids if last else frozenset(), **rater,
+                             **(size if measured else {})))
     record = {"bank": design.bank or "rl_core/simulate/tasks", "heldout_share": design.heldout,
               "split_seed": seed if design.split_seed is None else design.split_seed,
               "train_tasks": split.train_ids if split else None, "heldout_tasks": split.heldout_ids if split else None,
-              "new_users": design.new_users, "baseline": design.baseline, **rater}
+              "new_users": design.new_users, "baseline": design.baseline, **rater,
+              **({"measure_users": design.measure_users} if design.measure_users else {}),
+              **({"measure_interactions": design.measure_interactions} if design.measure_interactions else {})}
     return out, record
 
 
 def users_of(plan: CyclePlan | None, n: int, orgs: list[Org], seed: int) -> list[User]:
-    """The users a cycle serves: the config's n seeded users, or n new ones (plan.users == "new")."""
+    """The users a cycle serves: the config's n seeded users (plan.n_users of them when the plan says), or n new
+    ones (plan.users == "new")."""
+    n = plan.n_users if plan is not None and plan.n_users else n
     if plan is not None and plan.users == "new":
         return new_users(n, orgs, seed)
     return make_users(n, orgs, seed)

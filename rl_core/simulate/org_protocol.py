@@ -34,7 +34,32 @@ def welch(a: list[float], b: list[float]) -> dict | None:
     df = (va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1))) if va + vb > 0 else len(a) + len(b) - 2
     t = float(stats.t.ppf(0.975, df))
     return {"diff": ma - mb, "se": se, "ci_low": ma - mb - t * se, "ci_high": ma - mb + t * se,
-            "n_a": len(a), "n_b": len(b), "mean_a": ma, "mean_b": mb}
+            "n_a": len(a), "n_b": len(b), "mean_a": ma, "mean_b": mb, "df": df}
+
+
+def arm_effects(diffs: dict[str, list[float]] | dict[str, dict[str, list[float]]]) -> dict[str, dict | None]:
+    """org -> the within-org effect of its adapter with a control arm: Welch of the adapter arm's per-user changes
+    against the base arm's (each user's change: measured cycle - baseline). diffs: org -> arm -> changes."""
+    return {o: welch(by.get("adapter", []), by.get("base", [])) for o, by in diffs.items()}
+
+
+def did_of_effects(want: dict | None, reject: dict | None) -> dict | None:
+    """The DiD with a control arm in each org: the wanting org's within-org effect minus the rejecting org's. The
+    four arms are different users, so SE = sqrt(SE_want^2 + SE_reject^2), with a Welch-Satterthwaite t on the two
+    effects' degrees of freedom. Keys as welch's: n_a, n_b = the two orgs' users in both arms, mean_a, mean_b = their
+    effects. None when either effect is (an arm with fewer than 2 users)."""
+    from scipy import stats
+
+    if want is None or reject is None:
+        return None
+    va, vb = want["se"] ** 2, reject["se"] ** 2
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / want["df"] + vb**2 / reject["df"]) if va + vb > 0 else want["df"] + reject["df"]
+    t = float(stats.t.ppf(0.975, df))
+    diff = want["diff"] - reject["diff"]
+    return {"diff": diff, "se": se, "ci_low": diff - t * se, "ci_high": diff + t * se, "df": df,
+            "n_a": want["n_a"] + want["n_b"], "n_b": reject["n_a"] + reject["n_b"], "mean_a": want["diff"],
+            "mean_b": reject["diff"], "control_arm": True}
 
 
 def random_effects(estimates: list[float], ses: list[float]) -> dict | None:
@@ -189,36 +214,64 @@ def pooled_orgs(summaries: list[dict], name: str, seeds: list[int], min_seeds_ex
     measured (its own adapters, its own v1 answers); the DiD is Welch over the users of the wanting org against
     those of the rejecting org, all seeds pooled, so the spread between seeds' adapters is in the groups'
     variances. pool "seeds_random" judges instead the seeds' own DiDs pooled with the seed as a random effect
-    (random_effects; reported either way as `seed_random_effect`). Success: every registered seed present; the
-    pooled CI above zero; at least
-    min_seeds_excluding_zero seeds' own CIs above zero; each org's pooled move toward its convention (which
-    replaces the per-seed check: one seed's move can sit at zero); and every other check in every seed."""
-    diffs: dict[str, list[float]] = {}
-    wants: dict[str, bool] = {}
-    for s in summaries:
-        orgs = sorted(s["orgs"]["org_moves"])
-        for o in orgs:
-            wants[o] = s["orgs"]["org_moves"][o]["want"]
-        for u, d in s["orgs"]["user_rate_diffs"].items():
-            diffs.setdefault(_org_of(u, orgs) or "?", []).append(d)
-    users = welch([x for o, w in wants.items() if w for x in diffs.get(o, [])],
-                  [x for o, w in wants.items() if not w for x in diffs.get(o, [])])
+    (random_effects; reported either way as `seed_random_effect`). Seeds measured live with a control arm in each org
+    (org_live.py) pool their users arm by arm (_users_pool). Success: every registered seed present; the pooled CI
+    above zero; at least min_seeds_excluding_zero seeds' own CIs above zero and no seed's CI entirely below zero;
+    each org's pooled move toward its convention (which replaces the per-seed check: one seed's move can sit at
+    zero); and every other check in every seed."""
+    wants = {o: m["want"] for s in summaries for o, m in s["orgs"]["org_moves"].items()}
+    users, moves = _users_pool(summaries, wants)
     per = [s["orgs"]["did"] for s in summaries if s["orgs"].get("did")]
     seed_re = random_effects([d["diff"] for d in per], [d["se"] for d in per]) if len(per) == len(summaries) else None
     did = seed_re if pool == "seeds_random" else users
-    moves = {o: {"want": w, "users": len(diffs.get(o, [])), **_interval(diffs.get(o, []))} for o, w in wants.items()}
     per_seed = ("did_excludes_zero", "each_org_moves_toward_its_convention")
     seeds_ok = sum(bool(s["checks"].get("did_excludes_zero")) for s in summaries)
+    below = sum(bool(s["orgs"].get("did") and s["orgs"]["did"]["ci_high"] < 0) for s in summaries)
     toward = _toward(moves)
     others = all(v for s in summaries for k, v in s["checks"].items() if k not in per_seed)
     return {"protocol": name, "kind": "did", "seeds": [s["seed"] for s in summaries],
             "n_users": (users["n_a"] + users["n_b"]) if users else 0, "pool": pool,
             **{k: did[k] if did else None for k in ("diff", "se", "ci_low", "ci_high")}, "did": users,
             "seed_random_effect": seed_re, "org_moves": moves,
-            "seeds_excluding_zero": seeds_ok, "each_org_moves_toward_its_convention": toward,
-            "every_other_check_in_every_seed": others,
+            "seeds_excluding_zero": seeds_ok, "seeds_below_zero": below,
+            "each_org_moves_toward_its_convention": toward, "every_other_check_in_every_seed": others,
             "success": bool(sorted(s["seed"] for s in summaries) == sorted(seeds) and did and did["ci_low"] > 0
-                            and seeds_ok >= min_seeds_excluding_zero and toward and others)}
+                            and seeds_ok >= min_seeds_excluding_zero and below == 0 and toward and others)}
+
+
+def _users_pool(summaries: list[dict], wants: dict[str, bool]) -> tuple[dict | None, dict[str, dict]]:
+    """Every seed's users together: the DiD and each org's move. Seeds measured with a control arm (a summary's
+    `user_arms`, rl_core/simulate/org_live.py): each org's move is its adapter arm's mean change minus its base
+    arm's (Welch) and the DiD is did_of_effects; otherwise each org's mean change and Welch across the orgs."""
+    if summaries and all("user_arms" in s["orgs"] for s in summaries):
+        by: dict[str, dict[str, list[float]]] = {o: {} for o in wants}
+        for s in summaries:
+            orgs, arms = sorted(s["orgs"]["org_moves"]), s["orgs"]["user_arms"]
+            for u, d in s["orgs"]["user_rate_diffs"].items():
+                by.setdefault(_org_of(u, orgs) or "?", {}).setdefault(arms[u], []).append(d)
+        eff = arm_effects(by)
+        want, reject = ([eff.get(o) for o, w in wants.items() if w is v] for v in (True, False))
+        did = did_of_effects(want[0], reject[0]) if len(want) == len(reject) == 1 else None
+        return did, {o: {"want": w, "users": sum(map(len, by.get(o, {}).values())),
+                         **_effect(eff.get(o))} for o, w in wants.items()}
+    diffs: dict[str, list[float]] = {}
+    for s in summaries:
+        orgs = sorted(s["orgs"]["org_moves"])
+        for u, d in s["orgs"]["user_rate_diffs"].items():
+            diffs.setdefault(_org_of(u, orgs) or "?", []).append(d)
+    users = welch([x for o, w in wants.items() if w for x in diffs.get(o, [])],
+                  [x for o, w in wants.items() if not w for x in diffs.get(o, [])])
+    return users, {o: {"want": w, "users": len(diffs.get(o, [])), **_interval(diffs.get(o, []))}
+                   for o, w in wants.items()}
+
+
+def _effect(w: dict | None) -> dict:
+    """A within-org effect (arm_effects) as an org's move: its diff as mean_rate_change, with its interval."""
+    if w is None:
+        return {"mean_rate_change": None, "se": None, "ci_low": None, "ci_high": None}
+    return {"mean_rate_change": w["diff"], "se": w["se"], "ci_low": w["ci_low"], "ci_high": w["ci_high"],
+            "adapter_arm": {"users": w["n_a"], "mean_change": w["mean_a"]},
+            "base_arm": {"users": w["n_b"], "mean_change": w["mean_b"]}}
 
 
 def _org_changes(answers: list[Answer], feature: str, owner: dict[str, tuple[str, str]],

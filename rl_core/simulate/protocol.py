@@ -38,10 +38,10 @@ from rl_core.config import REPO_ROOT, Config, load_config
 from rl_core.registry import card
 from rl_core.rewards.monitors import run_monitors
 from rl_core.runtime.procs import environ
-from rl_core.simulate import heldout, outcomes, replay
+from rl_core.simulate import heldout, org_live, outcomes, replay
 from rl_core.simulate.experiment import CycleMetrics, Paired, paired, run_experiment, t_interval
 from rl_core.simulate.org_protocol import org_summary, pooled_orgs, replay_summary
-from rl_core.simulate.personas import orgs_from_config
+from rl_core.simulate.personas import make_users, orgs_from_config
 from rl_core.simulate.protocol_model import Protocol, env_of, load_protocol
 from rl_core.simulate.protocol_plot import plot
 from rl_core.simulate.protocol_report import log_pooled, log_summary, markdown
@@ -173,8 +173,10 @@ def _pool(summaries: list[dict], proto: Protocol) -> dict | None:
     """The rule over the seeds found: the paired test (cycle) or the pooled DiD (orgs); None with no users."""
     if proto.dag == "orgs":
         users = sum(len(s["orgs"]["user_rate_diffs"]) for s in summaries if s.get("orgs"))
-        return pooled_orgs(summaries, proto.name, proto.seeds, proto.min_seeds_excluding_zero,
+        pool = pooled_orgs(summaries, proto.name, proto.seeds, proto.min_seeds_excluding_zero,
                            proto.pool) if users > 3 else None
+        live = pool and all("org_ab" in s["orgs"] for s in summaries)  # a control arm: guards over every seed
+        return org_live.pooled_live(pool, summaries, proto.guard, proto.guard_tolerance) if live else pool
     users = sum(len(s.get("primary_user_diffs", s["user_diffs"])) for s in summaries)
     return pooled(summaries, proto) if users > 1 else None
 
@@ -182,7 +184,8 @@ def _pool(summaries: list[dict], proto: Protocol) -> dict | None:
 def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> dict:
     """One seed's run in its own RTRL_HOME, as the protocol says; writes summary-seed<k>.json. The summary also
     records the held-out design (which tasks and users the update never saw), each org adapter's KL, and the
-    phase times (the cycles', judging's, the replay's)."""
+    phase times (the cycles', judging's, the per-org A/B's, the replay's). An orgs protocol measured live with
+    `[orgs] ab_share` < 1 is judged with a control arm in each org (org_live.py)."""
     with environ(env_of(proto, seed) | {"RTRL_HOME": str(home)}):
         cfg = load_config()
         t0, commit = time.time(), _git_commit()
@@ -198,7 +201,11 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
             t1 = time.time()
             judged = judge_last(cfg, curves, ab_test=proto.dag == "cycle")
             phases = {"experiment_s": round(t1 - t0, 1), "judge_s": round(time.time() - t1, 1)}
-        if proto.dag == "orgs" and proto.measure == "live":
+        if proto.dag == "orgs" and proto.measure == "live" and cfg.orgs.ab_share < 1:  # a control arm in each org
+            t1 = time.time()
+            judged["orgs"] = org_live.live_summary(cfg, proto.feature, curves, proto.guard, proto.guard_tolerance)
+            phases["org_ab_s"] = round(time.time() - t1, 1)
+        elif proto.dag == "orgs" and proto.measure == "live":
             judged["orgs"] = org_summary(cfg, proto.feature, curves)
         if proto.dag == "orgs":
             judged["adapter_kl"] = outcomes.adapter_kl(cfg, curves)
@@ -211,10 +218,13 @@ def run_seed(proto: Protocol, path: Path, seed: int, home: Path, out: Path) -> d
 
 def _plans(cfg: Config, proto: Protocol, seed: int) -> tuple[list[heldout.CyclePlan], dict]:
     """Each cycle's plan (a replay protocol's one live cycle: the plain one) and the design the summary records,
-    with the users held out (new users: the ids the measured cycle serves)."""
+    with the users held out (new users: the ids the measured cycle serves; measure_users beyond users: the
+    measured cycles' users the trained cycle never had)."""
     cycles = proto.cycles - 1 if proto.measure == "replay" else proto.cycles
     plans, design = heldout.plans(proto.design, cycles, proto.measure_last, seed, cfg.simulate.tasks)
-    users = heldout.new_users(proto.users, orgs_from_config(cfg), seed) if proto.new_users else []
+    orgs, measured = orgs_from_config(cfg), proto.measure_users or proto.users
+    users = (heldout.new_users(measured, orgs, seed) if proto.new_users
+             else make_users(measured, orgs, seed)[proto.users:])
     return plans, design | {"heldout_users": [u.user_id for u in users]}
 
 

@@ -3,10 +3,13 @@
 Every field a protocol added after the first ones has a default that reproduces what protocols did before it:
 an old protocol file loads to the same effective settings and runs as it did (tests/test_protocol_heldout.py).
 The later fields, by what they change:
-  held-out requests (rl_core/simulate/heldout.py): bank, heldout, split_seed, new_users, baseline;
+  held-out requests (rl_core/simulate/heldout.py): bank, heldout, split_seed, new_users, baseline, measure_users,
+  measure_interactions;
   raters (rl_core/simulate/raters.py): rate_share, flip;
   the primary test `edit_persisted_rate` and the non-inferiority guards (rl_core/simulate/outcomes.py):
-  noninferior, guard_test (with guard_tolerance, which the replay guard has had since it was added).
+  noninferior, guard_test (with guard_tolerance, which the replay guard has had since it was added);
+  an org protocol measured live with a control arm ([orgs] ab_share < 1; rl_core/simulate/org_live.py) may set
+  guard too (each org's adapter arm against its base arm).
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ class Protocol(BaseModel):
     split_seed: int | None = None
     new_users: bool = False
     baseline: bool = False
+    # the baseline and measured cycles' size, when more requests are measured than trained on (heldout.py): users
+    # (the trained cycle's users first, then users the update never saw) and interactions; None: `users`,
+    # `interactions` (every cycle the same size, as before)
+    measure_users: int | None = Field(None, gt=1)
+    measure_interactions: int | None = Field(None, gt=0)
     # raters (raters.py): the chance a user rates an answer at all, and that a rating is flipped
     rate_share: float = Field(1.0, gt=0, le=1)
     flip: float = Field(0.0, ge=0, lt=0.5)
@@ -83,7 +91,7 @@ class Protocol(BaseModel):
     def design(self) -> Design:
         """The held-out design and the raters, as heldout.plans reads them."""
         return Design(self.bank, self.heldout, self.new_users, self.baseline, self.rate_share, self.flip,
-                      self.split_seed)
+                      self.split_seed, self.measure_users, self.measure_interactions)
 
     @property
     def held_out(self) -> bool:
@@ -108,9 +116,12 @@ def load_protocol(path: Path) -> Protocol:
             proto.measure == "replay" and (proto.dag != "orgs" or proto.cycles != 2)):
         raise ValueError(f"{path}: protocol.measure = \"replay\" goes with primary = \"replay_did\", dag = \"orgs\" "
                          "and cycles = 2 (cycle 1 live and trained, cycle 2 the replay)")
-    if proto.guard is not None and (proto.measure != "replay" or proto.guard not in FEATURES):
-        raise ValueError(f"{path}: protocol.guard {proto.guard!r} needs measure = \"replay\" and a known answer "
-                         f"feature ({', '.join(sorted(FEATURES))})")
+    # a guard compares each org's adapter with its base: on the replay, or live with a control arm ([orgs] ab_share)
+    arm = proto.measure == "replay" or (proto.dag == "orgs" and cfg.orgs.ab_share < 1)
+    if proto.guard is not None and (not arm or proto.guard not in FEATURES):
+        raise ValueError(f"{path}: protocol.guard {proto.guard!r} needs measure = \"replay\" (or dag = \"orgs\", "
+                         f"measure = \"live\" and [orgs] ab_share < 1: a control arm) and a known answer feature "
+                         f"({', '.join(sorted(FEATURES))})")
     check_design(path, proto, cfg.simulate.tasks, sorted({*cfg.simulate.orgs}))
     return proto
 
@@ -124,6 +135,13 @@ def check_design(path: Path, proto: Protocol, task_ids: list[str], orgs: list[st
     if custom and (proto.measure != "live" or not proto.measure_last):
         raise bad("protocol.bank, heldout, new_users and baseline need measure = \"live\" and measure_last = true "
                   "(the held-out requests are served only in the measured last cycle)")
+    sized = proto.measure_users is not None or proto.measure_interactions is not None
+    if sized and not (proto.baseline and proto.held_out):
+        raise bad("protocol.measure_users and measure_interactions size the baseline and measured cycles: they need "
+                  "baseline = true and heldout > 0 or new_users = true")
+    if proto.measure_users is not None and proto.measure_users < proto.users:
+        raise bad(f"protocol.measure_users {proto.measure_users} < users {proto.users}: the measured cycles serve the "
+                  "trained cycle's users and more, never fewer")
     if proto.new_users and not proto.baseline:
         raise bad("protocol.new_users needs baseline = true: new users have no earlier cycle to be paired with, "
                   "so v1 serves them in the baseline cycle")

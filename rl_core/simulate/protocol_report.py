@@ -19,7 +19,9 @@ def log_summary(cfg: Config, summary: dict) -> str:
     groups = {"primary": summary.get("primary"), "feature": summary.get("feature_rate_paired"),
               "did": orgs.get("did"), **{f"org/{o}": m for o, m in (orgs.get("org_moves") or {}).items()},
               **{f"guard/{o}": g for o, g in (orgs.get("guard") or {}).items()},
-              **{f"outcome/{m}": p for m, p in ((summary.get("outcomes") or {}).get("paired") or {}).items()}}
+              **{f"outcome/{m}": p for m, p in ((summary.get("outcomes") or {}).get("paired") or {}).items()},
+              **{f"org_ab/{o}/{m}": d for o, v in (orgs.get("org_ab") or {}).items()
+                 for m, d in v["metrics"].items()}}
     metrics = {f"protocol/{g}/{k}": float(v) for g, d in groups.items() if d for k, v in d.items()
                if isinstance(v, int | float) and not isinstance(v, bool)}
     checks = summary["checks"]
@@ -77,6 +79,7 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
             + (f"[{f(p['ci_low'])}, {f(p['ci_high'])}]" if p else "n/a")
             + f" | {fr0['rate']:.3f} -> {fr1['rate']:.3f} | {_eval(s)} | "
             f"{'pass' if ck['monitors_pass'] else 'TRIPPED'} | {s['ab']['decision']} | {s['minutes']} |")
+    lines += [line for s in summaries for line in _org_live_lines(s)]
     if pool and pool.get("kind") == "did" and not pool["did"]:
         lines += ["", f"pooled DiD over seeds {pool['seeds']}: n/a (an org has fewer than 2 users); success: False"]
     elif pool and pool.get("kind") == "did" and pool.get("pool") == "seeds_random":
@@ -84,7 +87,8 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
         est = (f"{f(re_['diff'])} (SE {re_['se']:.3f}, Hartung-Knapp 95% CI [{f(re_['ci_low'])}, {f(re_['ci_high'])}] "
                f"on {re_['seeds'] - 1} df, between-seed SD {re_['tau']:.3f})") if re_ else "n/a (fewer than 2 seeds)"
         lines += ["", f"pooled DiD, the seed a random effect, over seeds {pool['seeds']}: {est}; "
-                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero; every other check in every seed: "
+                      f"{pool['seeds_excluding_zero']} seed(s) exclude zero, {pool.get('seeds_below_zero', 0)} "
+                      f"entirely below; every other check in every seed: "
                       f"{pool['every_other_check_in_every_seed']}; success: {pool['success']}"]
     elif pool and pool.get("kind") == "did":
         moves = ", ".join(f"{o} {'+' if m['want'] else '-'}: {f(m['mean_rate_change'])}" for o, m in pool["org_moves"].items())
@@ -96,7 +100,20 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
         lines += ["", f"pooled over {pool['n_users']} users of seeds {pool['seeds']}: {f(pool['diff'])} "
                       f"(SE {pool['se']:.3f}, 95% CI [{f(pool['ci_low'])}, {f(pool['ci_high'])}]); "
                       f"{pool['seeds_excluding_zero']} seed(s) exclude zero; success: {pool['success']}"]
+    if pool and pool.get("guards"):
+        g = pool["guards"]
+        lines.append("guards over every seed's users (adapter arm - base arm): " + "; ".join(
+            [f"{o} {x['feature']} {_iv(x)}" for o, x in g["guard"].items()]
+            + [f"{o} dissatisfied_rate {_iv(x)}" for o, x in g["dissatisfied_rate"].items()]
+            + [f"A/B rollbacks per org {g['org_ab_rollbacks']}"]) + f"; {g['checks']}")
     return "\n".join(lines) + "\n"
+
+
+def _iv(x: dict) -> str:
+    if x.get("ci_low") is None:
+        return "n/a"
+    mean = x.get("mean_rate_change", x.get("diff"))
+    return f"{mean:+.3f} [{x['ci_low']:+.3f}, {x['ci_high']:+.3f}] (non-inferior: {x['noninferior']})"
 
 
 def _eval(s: dict) -> str:
@@ -115,3 +132,32 @@ def _org_row(s: dict) -> str:
     return (f"| {s['seed']} | {d['n_a'] + d['n_b'] if d else 0} | | | DiD {d['diff'] if d else float('nan'):+.3f} | {ci} "
             f"| {moves} | {'ok' if o['checks']['shared_suite_no_regression'] else 'REGRESSION'} | "
             f"{'isolated' if o['checks']['adapters_isolated'] else 'LEAK'} | {s['ab']['decision']} | {s['minutes']} |")
+
+
+def _org_live_lines(s: dict) -> list[str]:
+    """A seed measured live with a control arm in each org (org_live.py): each org's effect (adapter arm - base arm
+    of the per-user change), its guard, and its `rtrl ab --org` verdict with every metric's difference and CI."""
+    o = s.get("orgs") or {}
+    if "org_ab" not in o:
+        return []
+    f, d = "{:+.3f}".format, o["did"]
+
+    def ci(x: dict) -> str:
+        return f"[{f(x['ci_low'])}, {f(x['ci_high'])}]" if x.get("ci_low") is not None else "n/a"
+
+    lines = ["", f"seed {s['seed']}, live with a control arm (ab_share {o['ab_share']}): DiD "
+                 + (f"{f(d['diff'])} (SE {d['se']:.3f}, 95% CI {ci(d)})" if d else "n/a")
+                 + f"; arms served as assigned: {o['checks']['arms_served_as_assigned']}"]
+    for org, m in o["org_moves"].items():
+        arms = ", ".join(f"{a} {m[f'{a}_arm']['users']} users {f(m[f'{a}_arm']['mean_change'])}"
+                         for a in ("adapter", "base") if m[f"{a}_arm"]["mean_change"] is not None)
+        g = (o.get("guard") or {}).get(org)
+        ab = o["org_ab"][org]
+        metrics = "; ".join(f"{k} {f(v['diff'])} [{f(v['lo'])}, {f(v['hi'])}]" for k, v in ab["metrics"].items())
+        lines.append(f"- {org} ({'wants' if m['want'] else 'rejects'} {s['feature']}): adapter arm - base arm "
+                     + (f"{f(m['mean_rate_change'])} {ci(m)}" if m["mean_rate_change"] is not None else "n/a")
+                     + f" ({arms})"
+                     + (f"; guard {g['feature']} {f(g['mean_rate_change']) if g['mean_rate_change'] is not None else 'n/a'}"
+                        f" {ci(g)}, non-inferior at -{g['tolerance']}: {g['noninferior']}" if g else "")
+                     + f"; `{ab['command']}`: {ab['decision']}, n {ab['n']}" + (f"; {metrics}" if metrics else ""))
+    return lines

@@ -172,7 +172,8 @@ class GatewayChat:
         calls = [c.model_dump() for c in (msg.tool_calls or [])]
         version = raw.headers.get("x-rtrl-model-version")
         return Reply(raw.headers["x-rtrl-event-id"], msg.content or "", calls, latency,
-                     int(version) if version and version.isdigit() else None)
+                     int(version) if version and version.isdigit() else None,
+                     raw.headers.get("x-rtrl-adapter-version") or None)
 
 
 class FeedbackPoster:

@@ -45,6 +45,7 @@ class Reply:
     tool_calls: list[dict[str, Any]]
     latency_ms: float
     model_version: int | None = None
+    adapter_version: str | None = None  # the org adapter that answered (x-rtrl-adapter-version), None: no adapter
 
 
 class Chat(Protocol):
@@ -97,13 +98,14 @@ def request_record(user: User, task: SimTask, sid: str, turn: int, reply: Reply,
     """What one request came to, as the user saw it (the protocol's raw per-request outcomes): the outcome, the
     edit kept (persisted) or reverted, the follow-up and whether the rewards' lexicon calls it dissatisfied (as
     `rtrl ab` does), the thumbs sent (after the rater) and what the rater dropped or flipped, the latency, the
-    version that answered and the answer's features."""
+    version and the org adapter (None: none) that answered and the answer's features."""
     return {"event_id": reply.event_id, "user_id": user.user_id, "task_id": task.id, "session_id": sid,
             "turn": turn, "outcome": outcome, "edit_persisted": outcome == "edit_passed",
             "edit_reverted": outcome in ("edit_failed", "edit_convention"), "followup": followup,
             "dissatisfied": bool(followup) and bool(dissatisfied(pa.array([followup]))[0].as_py()),
             "thumbs": list(rated.given), "thumbs_dropped": rated.dropped, "thumbs_flipped": rated.flipped,
             "latency_ms": round(reply.latency_ms, 1), "model_version": reply.model_version,
+            "adapter_version": reply.adapter_version,
             "features": sorted(k for k, v in features_of(reply.text, reply.tool_calls).items() if v)}
 
 
