@@ -31,7 +31,7 @@ from rl_core.simulate.protocol import Protocol, _pool  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
 PROTOCOLS = REPO / "bench" / "protocols"
-QUESTIONS = ("shared-preference", "org-conventions")  # tiny.toml is a smoke test of the machinery: no claim
+QUESTIONS = ("shared-preference", "org-conventions", "coding-quality")  # tiny.toml is a smoke test of the machinery: no claim
 SHARED, ORG = "shared-preference-v5", "org-conventions-v12-pooled"  # the two registered results
 # what may differ between two protocols that train and measure the same way (the seeds, the test, the budget)
 NOT_TRAINING = {"name", "question", "registered", "choice", "success", "seeds", "min_seeds_excluding_zero",
