@@ -119,10 +119,14 @@ def same_as_committed(pool: dict | None, committed: dict | None) -> str:
     return f"equals the committed {committed['file']}" if same else f"DIFFERS from the committed {committed['file']}"
 
 
-def result(pool: dict | None) -> str:
+# the pooled test's metric, by the protocol's primary (the DiDs are named by the pool's kind)
+PRIMARY_NAMES = {"mean_reward": "reward", "feature_rate": "feature rate", "edit_persisted_rate": "edits persisting"}
+
+
+def result(pool: dict | None, primary: str = "mean_reward") -> str:
     if not pool:
         return "no committed summary"
-    what = "DiD" if pool.get("kind") == "did" else "reward"
+    what = "DiD" if pool.get("kind") == "did" else PRIMARY_NAMES.get(primary, primary)
     return f"{what} {f(pool['diff'])} {ci(pool)}, {pool['n_users']} users"
 
 
@@ -189,7 +193,7 @@ class Claims:
                                                  and seeds else "") if seeds else "none"
             met = {True: "yes", False: "no", None: "n/a"}[self.rule_met(n)]
             lines.append(f"| {n} | {self.committed(n)} | {self.registered_first(n)} | {have} | "
-                         f"{result(self.pooled[n])} | {met} | "
+                         f"{result(self.pooled[n], self.protos[n][1].primary)} | {met} | "
                          f"{self.unchanged(n)} |")
         return lines
 

@@ -63,7 +63,8 @@ def markdown(summaries: list[dict], pool: dict | None) -> str:
     """One row per seed (the registered test and every check), then the pooled line."""
     f = "{:+.3f}".format
     what = {s.get("primary_metric", "mean_reward") for s in summaries} - {"mean_reward"}
-    label = "edits persisted" if what == {"edit_persisted_rate"} else "reward"  # the primary's per-user mean
+    names = {"edit_persisted_rate": "edits persisted", "feature_rate": "feature rate"}
+    label = names.get(next(iter(what)), "reward") if len(what) == 1 else "reward"  # the primary's per-user mean
     lines = [f"| seed | users | v1 {label} | last {label} | paired diff | 95% CI | feature rate first -> last | "
              "eval | monitors | A/B | minutes |", "|" + "---|" * 11]
     for s in summaries:
