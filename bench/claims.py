@@ -307,10 +307,18 @@ class Claims:
                 lines.append(f"| {n} | {s['seed']} | the monitors: {', '.join(tripped) or 'tripped'} | {r3(ne[0])} -> "
                              f"{r3(ne[1])} ({f(ne[1] - ne[0])}) | {r3(cb[0])} -> {r3(cb[1])} | {s['ab']['decision']} | "
                              f"{s['ab'].get('action', 'n/a')} |")
-        evals = [c["eval_pass_rate"] for n in self.order if family(n) == family(SHARED) for s in self.seeds.get(n, [])
-                 for c in s["cycles"] if c.get("eval_pass_rate") is not None]
-        lines += ["", f"The eval suite's pass rate of the updated policy, highest over the {len(evals)} committed "
-                      f"shared seeds whose update reached the eval: {max(evals):.3f}"]
+        old, band = [], []  # the agentic suite's seeds, and those of protocols measured on held-out requests since
+        for n in self.order:
+            if family(n) != family(SHARED):
+                continue
+            rates = [c["eval_pass_rate"] for s in self.seeds.get(n, []) for c in s["cycles"]
+                     if c.get("eval_pass_rate") is not None]
+            (band if self.protos[n][1].held_out else old).extend(rates)
+        lines += ["", f"The eval suite's pass rate of the updated policy, highest over the {len(old)} committed "
+                      f"shared seeds whose update reached the eval: {max(old):.3f}"]
+        if band:
+            lines += [f"On the calibrated band (claim 5), in the {len(band)} shared seed(s) since: "
+                      f"{', '.join(f'{r:.3f}' for r in band)}"]
         return lines
 
     def eval_gate(self) -> list[str]:
