@@ -280,6 +280,14 @@ def machine() -> dict:
             "python": platform.python_version(), "airflow": version("apache-airflow")}
 
 
+def save(out: Path, doc: dict, printed: str) -> None:
+    """The run's JSON to out, its table to stdout (bench/mlflow_memory.py too)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(printed)
+    print(f"\nwritten {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settle", type=float, default=60.0, help="seconds sampled after the pages (default 60)")
@@ -304,10 +312,7 @@ def main() -> None:
         load["after"] = os.getloadavg()[0]
     doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), "load_average_1m": load,
            "settle_s": args.settle, "interval_s": 0.5, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(table(results))
-    print(f"\nwritten {args.out}")
+    save(args.out, doc, table(results))
 
 
 if __name__ == "__main__":

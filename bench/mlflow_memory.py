@@ -168,10 +168,7 @@ def main() -> None:
         load["after"] = os.getloadavg()[0]
     doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), "load_average_1m": load,
            "settle_s": args.settle, "interval_s": 0.5, "page_rounds": ROUNDS, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(table(results))
-    print(f"\nwritten {args.out}")
+    am.save(args.out, doc, table(results))
 
 
 if __name__ == "__main__":
