@@ -165,59 +165,72 @@ def test_org_adapter_is_answered_by_vllm_lora(served):
     print(f"\nmax |logprob - peft forward|: acme (adapter {a1.adapter_version}) {d_acme:.2e}, globex (base) {d_glob:.2e}")
 
 
-def stream_acme(url: str, seed: int, out: dict, first: threading.Event) -> None:
-    """One streamed acme turn: headers, then every chunk read; the time of its last chunk."""
+def stream_acme_until(url: str, seed: int, out: list, started: threading.Event, stop: threading.Event) -> None:
+    """Streamed acme turns back to back until `stop`: for each, its headers, finish reason, start, first-chunk and
+    end times.
+    Back to back, so some are in flight whenever the swap happens, however slow the machine is."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="rtrl-acme-token", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(model="champion", messages=MSG, temperature=T,
-                                                           max_tokens=400, seed=seed, stream=True)
-    out["headers"] = raw.headers
-    n = 0
-    for c in raw.parse():
-        n += 1
-        first.set()
-        out["finish"] = (c.choices[0].finish_reason if c.choices else None) or out.get("finish")
-    out["chunks"], out["t_end"] = n, time.perf_counter()
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        raw = client.chat.completions.with_raw_response.create(model="champion", messages=MSG, temperature=T,
+                                                               max_tokens=400, seed=seed, stream=True)
+        turn = {"headers": raw.headers, "t_start": t0, "finish": None}
+        for c in raw.parse():
+            started.set()
+            turn.setdefault("t_first", time.perf_counter())
+            turn["finish"] = (c.choices[0].finish_reason if c.choices else None) or turn["finish"]
+        turn["t_end"] = time.perf_counter()
+        out.append(turn)
+        seed += 1000
 
 
 def test_live_alias_move_drains_requests_in_flight(served):
+    from rl_core.registry import store
+
     cfg, gw, url, base, ads = served
     a1, a2 = ads["a1"], ads["a2"]
     go_live(cfg, gw, a1)
     engine, old = engine_of(gw), gw.router.adapters.loaded("org-acme")
-    outs = [{} for _ in range(4)]
-    firsts = [threading.Event() for _ in outs]
-    threads = [threading.Thread(target=stream_acme, args=(url, 100 + i, o, f)) for i, (o, f) in
-               enumerate(zip(outs, firsts, strict=True))]
+    # the registry moves first (polling is off: the gateway sees it only at sync), then traffic, then the swap
+    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, a2.version, reason="test swap")
+    outs: list[list[dict]] = [[] for _ in range(4)]
+    started, stop = [threading.Event() for _ in outs], threading.Event()
+    threads = [threading.Thread(target=stream_acme_until, args=(url, 100 + i, o, s, stop)) for i, (o, s) in
+               enumerate(zip(outs, started, strict=True))]
     for t in threads:
         t.start()
-    assert all(f.wait(300) for f in firsts), "every stream started"
+    assert all(s.wait(300) for s in started), "every stream started"
 
     t_move = time.perf_counter()
-    from rl_core.registry import store
-
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, a2.version, reason="test swap")
     assert gw.router.adapters.sync()
+    t_moved = time.perf_counter()
     in_flight = old.inflight
     still_loaded = a1.adapter_version in engine_adapters(engine)
+    stop.set()
     h_new = ask(url, "rtrl-acme-token", seed=7)
-    first_answer_s = time.perf_counter() - t_move
+    first_answer_s = time.perf_counter() - t_moved
     for t in threads:
         t.join(300)
     assert old.unloaded.wait(60), "the old adapter is unloaded once its requests have finished"
     now_loaded = engine_adapters(engine)
-    print(f"\nswap: {in_flight} of 4 requests in flight on {a1.adapter_version} at the move; first answer by "
-          f"{a2.adapter_version} {first_answer_s:.2f}s after the alias moved")
+    turns = [turn for o in outs for turn in o]
+    across = [turn for turn in turns if turn.get("t_first", float("inf")) < t_move and turn["t_end"] > t_moved]
+    print(f"\nswap: {in_flight} requests in flight on {a1.adapter_version} at the move, {len(across)} of "
+          f"{len(turns)} turns ran across it; first answer by {a2.adapter_version} {first_answer_s:.2f}s after it")
 
-    assert in_flight > 0 and still_loaded, "the swap happened while requests ran on the old adapter"
-    assert all(o["t_end"] > t_move and o["finish"] in ("stop", "length") for o in outs), "all answered, after the move"
-    assert all(o["headers"]["x-rtrl-adapter-version"] == a1.adapter_version for o in outs)
+    assert in_flight > 0 and still_loaded and across, "the swap happened while requests ran on the old adapter"
+    assert all(turn["finish"] in ("stop", "length") for turn in turns), "no request dropped"
+    assert all(turn["headers"]["x-rtrl-adapter-version"] == a1.adapter_version for turn in turns
+               if turn.get("t_first", float("inf")) < t_move), "a request keeps the adapter it started on"
+    assert all(turn["headers"]["x-rtrl-adapter-version"] == a2.adapter_version for turn in turns
+               if turn["t_start"] > t_moved), "a request after the move gets the new adapter"
     assert h_new["x-rtrl-adapter-version"] == a2.adapter_version
     assert a1.adapter_version not in now_loaded and a2.adapter_version in now_loaded
     assert engine_of(gw) is engine and engine.restarts == 0
 
     rows = logged(cfg, gw)
-    for o in outs:
-        row = rows[o["headers"]["x-rtrl-event-id"]]
+    for turn in across:
+        row = rows[turn["headers"]["x-rtrl-event-id"]]
         assert row["adapter_version"] == a1.adapter_version
         check_row(row, base, Path(a1.path), Path(a2.path))
     row = rows[h_new["x-rtrl-event-id"]]
