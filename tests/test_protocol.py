@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rl_core.simulate.experiment import CycleMetrics
-from rl_core.simulate.protocol import env_of, load_protocol, markdown, plot, pooled, seed_summary
+from rl_core.simulate.protocol import env_of, load_protocol, markdown, plot, pooled, seed_summary, set_aside
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "bench/protocols/tiny.toml"
@@ -278,3 +278,17 @@ def test_seeds_pool_as_a_random_effect_when_they_disagree_more_than_their_users_
     assert seeds["did"] == users["did"] and seeds["n_users"] == users["n_users"] == 16
     assert "the seed a random effect, over seeds [1, 2]" in markdown([], seeds) and "on 1 df" in markdown([], seeds)
     assert "n/a (fewer than 2 seeds)" in markdown([], pooled_orgs([a], "p", [1], 0, pool="seeds_random"))
+
+
+def test_a_seed_restarted_in_a_used_home_runs_from_an_empty_one_and_the_old_is_kept(tmp_path):
+    """An aborted start leaves its lake, WAL and registry behind: a restart must not harvest them into its windows."""
+    home = tmp_path / "seed-41"
+    assert set_aside(home) is None, "nothing there: nothing to move"
+    home.mkdir()
+    assert set_aside(home) is None, "an empty home is already fresh"
+    (home / "lake").mkdir()
+    (home / "lake" / "old.parquet").write_bytes(b"rows of the aborted start")
+    moved = set_aside(home)
+    assert moved is not None and moved.parent == tmp_path and moved.name.startswith("seed-41.aborted-")
+    assert not home.exists(), "the seed starts from an empty home"
+    assert (moved / "lake" / "old.parquet").read_bytes() == b"rows of the aborted start", "nothing deleted"

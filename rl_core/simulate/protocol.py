@@ -264,8 +264,22 @@ def run_protocol(path: Path, seeds: list[int] | None, home: Path | None, out: Pa
     done = []
     for seed in todo:
         print(f"[protocol] {proto.name}: seed {seed} (RTRL_HOME {root / f'seed-{seed}'})", file=sys.stderr)
+        for folder in (root / f"seed-{seed}", out / f"seed-{seed}"):
+            if (moved := set_aside(folder)) is not None:
+                print(f"[protocol] {folder} held an earlier start of this seed: moved to {moved}; "
+                      "the seed runs from an empty home", file=sys.stderr)
         done.append(run_seed(proto, path, seed, root / f"seed-{seed}", out))
     return done
+
+
+def set_aside(folder: Path) -> Path | None:
+    """A seed runs from an empty home: an earlier (aborted) start's lake, WAL and registry would otherwise join
+    its windows. The old folder is renamed beside it, not deleted (the history reports every start)."""
+    if not folder.exists() or not any(folder.iterdir()):
+        return None
+    moved = folder.with_name(f"{folder.name}.aborted-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+    folder.rename(moved)
+    return moved
 
 
 def main(path: Path, seeds: list[int] | None, home: Path | None, out: Path | None, run: bool = True) -> int:
