@@ -1,8 +1,12 @@
 """
 ### realtime_rl_orgs: per-organisation LoRA adapters, one mapped task per organisation
 
-Same schedule and windows as `realtime_rl` (same run ids): the window's harvest (idempotent: the same
-file the cycle writes), then `adapt_org` mapped over the orgs with enough episodes (dynamic task mapping).
+Same schedule and windows as `realtime_rl` (same run ids). Each live adapter is judged: `org_ab`, mapped over the
+orgs with a live adapter, runs the org's A/B on the window (the adapter's users against the org's users on the
+base alone, `[orgs] ab_share`) and carries it out: promote keeps it live, rollback takes it off the org's traffic
+(seconds; should a new adapter of the org go live first, the verdict is stale and moves nothing). Beside it, the
+window's harvest (idempotent: the same file the cycle writes), then `adapt_org` mapped over the orgs with enough
+episodes (dynamic task mapping); a failed A/B stops no org's training.
 Each org is its own task instance: its episodes only, a LoRA update of the champion, paired evals on the
 shared suite and on the org's tasks, registration as `rtrl-adapter-<org>` and the `live` alias when every
 adapter verdict passed. A failing org fails its own instance; the others still train, evaluate and deploy;
@@ -57,6 +61,27 @@ def window() -> dict:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
     return CycleRun(w, bool(p.get("dry_run")), int(policy), airflow_run_id=ctx["run_id"]).to_xcom(
         min_episodes=p.get("min_episodes"))
+
+
+@task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
+      doc_md="The orgs with a live adapter (served by a token, not opted out): each one's A/B is judged.")
+def live_orgs() -> list[str]:
+    from rl_core.orgs.branch import live_orgs as orgs  # lazy: keeps DAG parsing light
+
+    return orgs(load_config())
+
+
+@task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s), map_index_template="{{ org }}",
+      doc_md="The org's A/B on the window (its live adapter against its base), applied: promote keeps it live, "
+             "rollback takes it off the org's traffic. Fails only this org's instance.")
+def org_ab(w: dict, org: str) -> dict:
+    from rl_core.orgs.branch import judge_org  # lazy: keeps DAG parsing light
+
+    run = CycleRun.from_xcom(w)
+    out = judge_org(load_config(), run.window.start, run.window.end, org, dry_run=run.dry_run)
+    print(f"org {org}: A/B {out['decision']} on {out['adapter_version']}: {'; '.join(out['reasons'])} "
+          f"(n={out['n']})\naction: {out['action']}")
+    return out
 
 
 @task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
@@ -127,9 +152,10 @@ def report(w: dict, orgs: list[str]) -> dict:
 )
 def realtime_rl_orgs():
     w = window()
+    judged = org_ab.partial(w=w).expand(org=live_orgs())
     orgs = org_targets(w)
     done = adapt_org.partial(w=w).expand(org=orgs)
-    done >> report(w, orgs)
+    [done, judged] >> report(w, orgs)
 
 
 realtime_rl_orgs()

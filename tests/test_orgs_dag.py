@@ -28,7 +28,9 @@ def test_dag_maps_adapt_org_over_orgs_and_reports_whatever_happens():
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert not bag.import_errors, bag.import_errors
     dag = bag.dags["realtime_rl_orgs"]
-    assert set(dag.task_ids) == {"window", "org_targets", "adapt_org", "report"}
+    assert set(dag.task_ids) == {"window", "live_orgs", "org_ab", "org_targets", "adapt_org", "report"}
+    assert type(dag.get_task("org_ab")).__name__.endswith("MappedOperator")
+    assert dag.get_task("org_ab").downstream_task_ids == {"report"}, "a failed A/B stops no org's training"
     adapt = dag.get_task("adapt_org")
     assert type(adapt).__name__.endswith("MappedOperator") and adapt.pool == "rtrl_training"
     assert dag.get_task("report").trigger_rule == "all_done"
@@ -81,3 +83,40 @@ def test_a_failing_org_does_not_block_the_others(af_db):
     assert lake.exists(f"runs/{run_id}.org-a/adapter.json") and not lake.exists(f"runs/{run_id}.org-b/adapter.json")
     ok = all(v.passed for v in read_verdicts(lake, f"{run_id}.org-a").values())
     assert (live_adapter(cfg, "org-a") is not None) == ok and live_adapter(cfg, "org-b") is None
+
+
+@pytest.mark.slow
+def test_each_run_judges_every_live_adapter_and_rolls_back_a_worse_one(af_db, tmp_path):
+    """The scheduled per-org A/B: acme's live adapter made its users more dissatisfied than acme's users on the base
+    alone (half of them each, `[orgs] ab_share`), so the run takes it off acme's traffic; globex, without an adapter,
+    is not judged; the harvest and the report still run."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from test_orgs_ab import _adapter_folder, org_log, write
+
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter, register_adapter_folder
+    from rl_core.registry import store
+    from rl_core.testing.ab_synth import ArmSpec
+
+    cfg = af_db
+    av = register_adapter_folder(cfg, "org-acme", _adapter_folder(tmp_path, "a1"),
+                                 {"parent_version": 1, "run_id": "manual-a1"})
+    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
+    write(Lake(cfg.lake_root), "acme", *org_log("org-acme", av.adapter_version, ArmSpec(1, dissatisfied=0.10),
+                                                ArmSpec(1, dissatisfied=0.25), 6_000, 600, seed=43, start=START,
+                                                end=END))
+    dag = DagBag(dag_folder=str(REPO / "dags")).dags["realtime_rl_orgs"]
+    dr = dag.test(run_conf={"start": START.isoformat(), "end": END.isoformat(), "min_episodes": 10**9})
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(TaskInstance.dag_id == dag.dag_id, TaskInstance.run_id == dr.run_id).all()
+        states = {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
+        judged = [XComModel.deserialize_value(x) for x in session.query(XComModel).filter(
+            XComModel.dag_id == dag.dag_id, XComModel.run_id == dr.run_id, XComModel.task_id == "org_ab",
+            XComModel.key == "return_value")]
+    assert states[("org_ab", 0)] == "success" and ("org_ab", 1) not in states, "one live adapter, one judgement"
+    assert states[("org_targets", -1)] == "success" and states[("report", -1)] == "success", states
+    assert [(j["org"], j["decision"], j["action"]) for j in judged] == [("org-acme", "rollback", "rollback")], judged
+    assert live_adapter(cfg, "org-acme") is None, "the worse adapter is off acme's traffic"
+    assert store.get_version(adapter_config(cfg, "org-acme"), av.version).tags["rolled_back"] == "true"

@@ -1,6 +1,9 @@
-"""The per-org branch of the cycle, as the two calls an orchestrator needs: who, then one org end to end.
+"""The per-org branch of the cycle, as the calls an orchestrator needs: judge the live adapters, who trains, then
+one org end to end.
 
-`org_targets` lists the orgs of the cycle's harvest with enough data; `adapt_org` runs one org's whole
+`live_orgs` lists the orgs with a live adapter and `judge_org` judges one of them on the window's traffic (its
+per-org A/B, rl_core/ab/org.py) and carries the verdict out: promote keeps it live, rollback takes it off the
+org's traffic (a verdict on an adapter no longer live is stale and moves nothing). `org_targets` lists the orgs of the cycle's harvest with enough data; `adapt_org` runs one org's whole
 pipeline (episodes, rewards, the cycle's data-quality gates and reward-hacking monitors on the org's run,
 LoRA update of the champion, paired evals, registration, `live` alias when every verdict the cycle requires
 and eval_org passed). Airflow maps `adapt_org` over `org_targets` (dynamic task mapping), so each
@@ -15,10 +18,27 @@ from datetime import datetime
 
 from rl_core.config import Config
 from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, org_run_id, prepare_org, train_org
-from rl_core.orgs.registry import deploy_adapter, register_adapter
+from rl_core.orgs.registry import deploy_adapter, live_adapter, register_adapter
 from rl_core.pipeline import BEFORE_TRAIN, run_gates
 from rl_core.registry.store import known_versions
 from rl_core.rewards.monitors import score_served
+
+
+def live_orgs(cfg: Config) -> list[str]:
+    """The orgs a bearer token serves that have a `live` adapter and have not opted out: the ones a run judges."""
+    served = set(cfg.serving.tokens.values()) - set(cfg.harvest.opt_out_orgs)
+    return sorted(org for org in served if live_adapter(cfg, org) is not None)
+
+
+def judge_org(cfg: Config, start: datetime, end: datetime, org_id: str, dry_run: bool = False) -> dict:
+    """The org's A/B over [start, end) (its live adapter's users against the org's users on the base alone; logged
+    to the lake and MLflow like any A/B), carried out unless dry_run. What it decided and what was done."""
+    from rl_core.ab.org import apply_org_verdict, org_ab_verdict  # lazy: DuckDB and the A/B's imports
+
+    result = org_ab_verdict(cfg, org_id, start, end)
+    action = "dry-run: not applied" if dry_run else apply_org_verdict(cfg, result)
+    return {"org": org_id, "adapter_version": result.adapter_version, "decision": result.decision,
+            "action": action, "n": dict(result.n), "reasons": list(result.reasons)}
 
 
 def org_targets(cfg: Config, run_id: str, min_episodes: int | None = None) -> list[str]:
