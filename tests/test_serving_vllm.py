@@ -65,6 +65,31 @@ def test_vllm_logprobs_match_fp32_forward_and_stream(engine):
     assert streamed.token_ids == g.token_ids and streamed.text == g.text, "seeded stream = seeded generate"
 
 
+def test_the_gateways_async_path_samples_what_the_threaded_one_does(engine):
+    """agenerate/astream (awaited on the gateway's event loop, issue 40) send the very request generate/stream send:
+    the same seeded tokens and logprobs. A stream abandoned midway frees its connection, and a second event loop in
+    the same process gets a client of its own."""
+    import asyncio
+
+    b, _, _ = engine
+    ids = prompt_ids(b.tokenizer, PROMPT, None)
+    g = b.generate(ids, S)
+
+    async def on_a_loop():
+        got = await b.agenerate(ids, S)
+        streamed = collect_stream(iter([s async for s in b.astream(ids, S)]))
+        abandoned = b.astream(ids, Sampling(max_tokens=200, temperature=0.8, seed=5))
+        first = await abandoned.__anext__()
+        await abandoned.aclose()
+        return got, streamed, first, await b.agenerate(ids, S)
+
+    got, streamed, first, after = asyncio.run(on_a_loop())
+    for out in (got, streamed, after, asyncio.run(b.agenerate(ids, S))):
+        assert out.token_ids == g.token_ids and out.text == g.text
+        assert np.allclose(out.logprobs, g.logprobs, atol=1e-6)
+    assert first.token_ids, "the abandoned stream had started"
+
+
 def test_vllm_reload_weights_is_faithful(engine):
     b, v1, v2 = engine
     ids = prompt_ids(b.tokenizer, PROMPT, None)

@@ -21,6 +21,7 @@ def _run(args) -> int:
     from rl_core.serving.server import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call: noise, and CPU beside the engine
     cfg = load_config()
     if store.version_for_alias(cfg, "champion") is None:
         print(f"rtrl serve: no `champion` alias in {cfg.tracking_uri}; run `rtrl init` first")

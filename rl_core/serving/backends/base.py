@@ -12,7 +12,7 @@ wraps (engine, adapter name) into a plain Backend, so a router lease carries it 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -56,8 +56,17 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class AsyncBackend(Backend, Protocol):
+    """A backend the gateway awaits on its event loop (vLLM over HTTP): no thread per request or streamed token."""
+
+    async def agenerate(self, prompt_ids: list[int], sampling: Sampling) -> Generation: ...
+
+    def astream(self, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[StepOut]: ...
+
+
 class LoraEngine(Backend, Protocol):
-    """An engine serving LoRA adapters beside its base weights, each under a never-reused name."""
+    """An engine serving LoRA adapters beside its base weights, each under a never-reused name (vLLM: which is
+    also an AsyncBackend, taking adapter= there too)."""
 
     supports_lora: bool
 
@@ -71,7 +80,8 @@ class LoraEngine(Backend, Protocol):
 
 
 class OnAdapter:
-    """One adapter of a LoraEngine as a Backend: same engine and tokenizer, answers through the adapter.
+    """One adapter of a LoraEngine as a Backend (and AsyncBackend): same engine and tokenizer, answers through the
+    adapter.
     Closing it closes nothing: the engine belongs to its router slot, the adapter to rl_core.orgs.serving."""
 
     def __init__(self, engine: LoraEngine, adapter: str):
@@ -83,6 +93,12 @@ class OnAdapter:
 
     def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[StepOut]:
         return self.engine.stream(prompt_ids, sampling, adapter=self.adapter)
+
+    async def agenerate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        return await self.engine.agenerate(prompt_ids, sampling, adapter=self.adapter)
+
+    def astream(self, prompt_ids: list[int], sampling: Sampling) -> AsyncIterator[StepOut]:
+        return self.engine.astream(prompt_ids, sampling, adapter=self.adapter)
 
     def close(self) -> None:
         pass

@@ -22,6 +22,7 @@ remembers what is loaded and loads it again after the supervisor restarts a dead
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -55,6 +56,7 @@ class VLLMBackend:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.base, timeout=httpx.Timeout(600.0, connect=5.0))
+        self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # the gateway's loop(s): see _aclient
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         # the router reloads a spare engine in place when configured (serving.vllm_hot_reload)
@@ -156,6 +158,7 @@ class VLLMBackend:
         self._closing = True
         self._kill()
         self.http.close()
+        self._ahttp.clear()  # their connections die with the server; each loop's own client closes with it
 
     # --- weights ----------------------------------------------------------------------------------
     def reload(self, checkpoint: str | Path) -> None:
@@ -231,6 +234,45 @@ class VLLMBackend:
         with self.http.stream("POST", "/v1/completions", json=self._body(prompt_ids, sampling, True, adapter)) as r:
             r.raise_for_status()
             for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or []
+                if choices:
+                    yield self._piece(choices[0])
+
+    # --- generation on the gateway's event loop (no thread per request, none per streamed token) ------------
+    def _aclient(self) -> httpx.AsyncClient:
+        """An async client of the running loop: its pooled connections belong to that loop, and a process may serve
+        more than one loop in its life (a gateway per test in one process)."""
+        loop = asyncio.get_running_loop()
+        client = self._ahttp.get(loop)
+        if client is None:
+            self._ahttp = {lp: c for lp, c in self._ahttp.items() if not lp.is_closed()}
+            client = self._ahttp[loop] = httpx.AsyncClient(base_url=self.base, timeout=self.http.timeout)
+        return client
+
+    async def _aready(self) -> None:
+        if not self._ready.is_set():  # starting or restarting: wait off the loop
+            await asyncio.to_thread(self._ready.wait, self.cfg.serving.vllm_startup_timeout_s)
+
+    async def agenerate(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Generation:
+        """generate, awaited on the caller's event loop."""
+        await self._aready()
+        t0 = time.perf_counter()
+        r = await self._aclient().post("/v1/completions", json=self._body(prompt_ids, sampling, False, adapter))
+        r.raise_for_status()
+        g = collect_stream(iter([self._piece(r.json()["choices"][0])]))
+        g.ttft_ms = (time.perf_counter() - t0) * 1000
+        return g
+
+    async def astream(self, prompt_ids: list[int], sampling: Sampling,
+                      adapter: str | None = None) -> AsyncIterator[StepOut]:
+        """stream, iterated on the caller's event loop."""
+        await self._aready()
+        body = self._body(prompt_ids, sampling, True, adapter)
+        async with self._aclient().stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 choices = json.loads(line[6:]).get("choices") or []

@@ -7,6 +7,7 @@ non-streaming response is sent after the fsync; a stream sends its last chunk an
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -103,7 +104,7 @@ async def chat(request: Request, gw: Parts, org: Org, body: JsonBody):
     if lease.adapter_version:
         headers["x-rtrl-adapter-version"] = lease.adapter_version
     if req.stream:
-        gen = _stream(gw, lease, turn)
+        gen = _astream(gw, lease, turn) if hasattr(lease.backend, "astream") else _stream(gw, lease, turn)
         weakref.finalize(gen, lease.release)  # a stream never started (client gone) still frees its lease
         return StreamingResponse(gen, media_type="text/event-stream", headers=headers)
     return await _complete(gw, lease, turn, headers)
@@ -171,10 +172,14 @@ def _precheck(turn: Turn, lease: Lease) -> None:
 
 
 async def _complete(gw: GatewayParts, lease: Lease, turn: Turn, headers: dict[str, str]) -> JSONResponse:
-    """Generate (threadpool), make the interaction durable, then answer with an OpenAI chat.completion."""
+    """Generate (on the loop for an AsyncBackend, else in the threadpool), make the interaction durable, then answer
+    with an OpenAI chat.completion."""
     req, m = turn.req, gw.metrics
     try:
-        g = await run_in_threadpool(lease.backend.generate, turn.ids, turn.sampling)
+        if hasattr(lease.backend, "agenerate"):
+            g = await lease.backend.agenerate(turn.ids, turn.sampling)
+        else:
+            g = await run_in_threadpool(lease.backend.generate, turn.ids, turn.sampling)
     finally:
         lease.release()
     content, calls = toolcalls.parse(g.text) if req.tools else (g.text, [])
@@ -191,53 +196,112 @@ async def _complete(gw: GatewayParts, lease: Lease, turn: Turn, headers: dict[st
     return JSONResponse(out, headers=headers)
 
 
+class _Pieces:
+    """A stream's output so far, as SSE chunks: text that may be the start of a tool call waits for the next step."""
+
+    MARKER = "<tool_call>"
+
+    def __init__(self, turn: Turn):
+        self.turn, self.created = turn, now_s()
+        self.hold = len(self.MARKER) - 1 if turn.req.tools else 0
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text, self.sent, self.finish, self.ttft = "", 0, "length", None
+        self.calls: list[dict] = []
+
+    def chunk(self, delta: dict, finish: str | None = None, **kw) -> bytes:
+        return chunk(self.turn.event_id, self.turn.req.model, self.created, delta, finish, **kw)
+
+    def add(self, step) -> bytes | None:
+        """One engine step in; the chunk to send now, if any."""
+        if self.ttft is None and step.token_ids:
+            self.ttft = (time.perf_counter() - self.turn.t0) * 1000
+        self.token_ids += step.token_ids
+        self.logprobs += step.logprobs
+        self.text += step.text
+        self.finish = step.finish_reason or self.finish
+        tools = self.turn.req.tools
+        visible = self.text.split(self.MARKER, 1)[0] if tools else self.text
+        safe = len(visible) if self.MARKER in self.text or step.finish_reason else max(len(visible) - self.hold, 0)
+        if safe <= self.sent:
+            return None
+        out, self.sent = self.chunk({"content": visible[self.sent:safe]}), safe
+        return out
+
+    def tool_calls(self) -> list[bytes]:
+        """After the last step: the parsed tool calls' chunk, if any."""
+        _, self.calls = toolcalls.parse(self.text) if self.turn.req.tools else (self.text, [])
+        if not self.calls:
+            return []
+        self.finish = "tool_calls" if self.finish == "stop" else self.finish
+        return [self.chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(self.calls)]})]
+
+    def row(self, lease: Lease) -> dict:
+        return _engine_row(self.turn, lease, self.token_ids, self.logprobs, self.text, self.calls, self.finish,
+                           self.ttft)
+
+    @staticmethod
+    def not_logged(exc: Exception) -> bytes:
+        """Not durable: no final chunk, no [DONE]; the client sees the error."""
+        return f"data: {json.dumps({'error': {'message': f'event not logged: {exc}', 'type': 'api_error'}})}\n\n".encode()
+
+    def last(self, m: Metrics, lease: Lease) -> list[bytes]:
+        """Once the event is durable: the finish chunk, the usage chunk if asked, [DONE]."""
+        _observe(m, lease, len(self.token_ids), self.turn.t0)
+        out = [self.chunk({}, self.finish)]
+        if (self.turn.req.stream_options or {}).get("include_usage"):
+            n, k = len(self.turn.ids), len(self.token_ids)
+            out.append(self.chunk({}, usage={"prompt_tokens": n, "completion_tokens": k, "total_tokens": n + k},
+                                  choices=False))
+        return [*out, b"data: [DONE]\n\n"]
+
+
 def _stream(gw: GatewayParts, lease: Lease, turn: Turn):
-    """SSE chunks (runs in the threadpool). The event is made durable before the final chunk."""
-    req, m = turn.req, gw.metrics
-    eid, model, created = turn.event_id, req.model, now_s()
-    marker = "<tool_call>"
-    hold = len(marker) - 1 if req.tools else 0  # text that may be the start of a tool call waits for the next step
-    token_ids: list[int] = []
-    logprobs: list[float] = []
-    text, sent, finish, ttft = "", 0, "length", None
+    """SSE chunks from a threaded backend (runs in the threadpool). The event is made durable before the final chunk."""
+    p, m = _Pieces(turn), gw.metrics
     try:
-        yield chunk(eid, model, created, {"role": "assistant", "content": ""})
+        yield p.chunk({"role": "assistant", "content": ""})
         for step in lease.backend.stream(turn.ids, turn.sampling):
-            if ttft is None and step.token_ids:
-                ttft = (time.perf_counter() - turn.t0) * 1000
-            token_ids += step.token_ids
-            logprobs += step.logprobs
-            text += step.text
-            finish = step.finish_reason or finish
-            visible = text.split(marker, 1)[0] if req.tools else text
-            safe = len(visible) if marker in text or step.finish_reason else max(len(visible) - hold, 0)
-            if safe > sent:
-                yield chunk(eid, model, created, {"content": visible[sent:safe]})
-                sent = safe
+            if (out := p.add(step)) is not None:
+                yield out
     finally:
         lease.release()
-    content, calls = toolcalls.parse(text) if req.tools else (text, [])
-    if calls:
-        yield chunk(eid, model, created, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-        finish = "tool_calls" if finish == "stop" else finish
+    yield from p.tool_calls()
     t_log = time.perf_counter()
     try:
-        row = _engine_row(turn, lease, token_ids, logprobs, text, calls, finish, ttft)
+        row = p.row(lease)
         t0 = time.perf_counter()
         gw.collector.log_interaction(row).result(timeout=30)
         m.ack.observe(time.perf_counter() - t0)
         m.logging.observe(time.perf_counter() - t_log)
         m.events.labels("interactions").inc()
-    except Exception as exc:  # not durable: no final chunk, no [DONE]; the client sees the error
-        yield f"data: {json.dumps({'error': {'message': f'event not logged: {exc}', 'type': 'api_error'}})}\n\n".encode()
+    except Exception as exc:
+        yield p.not_logged(exc)
         return
-    _observe(m, lease, len(token_ids), turn.t0)
-    yield chunk(eid, model, created, {}, finish)
-    if (req.stream_options or {}).get("include_usage"):
-        n = len(turn.ids)
-        yield chunk(eid, model, created, {}, usage={"prompt_tokens": n, "completion_tokens": len(token_ids),
-                                                   "total_tokens": n + len(token_ids)}, choices=False)
-    yield b"data: [DONE]\n\n"
+    yield from p.last(m, lease)
+
+
+async def _astream(gw: GatewayParts, lease: Lease, turn: Turn):
+    """_stream for an AsyncBackend, on the event loop: no thread hop per streamed token."""
+    p, m = _Pieces(turn), gw.metrics
+    try:
+        yield p.chunk({"role": "assistant", "content": ""})
+        async for step in lease.backend.astream(turn.ids, turn.sampling):
+            if (out := p.add(step)) is not None:
+                yield out
+    finally:
+        lease.release()
+    for out in p.tool_calls():
+        yield out
+    t_log = time.perf_counter()
+    try:
+        await asyncio.wait_for(gw.durable(gw.collector.log_interaction(p.row(lease)), "interactions", 1), 30)
+        m.logging.observe(time.perf_counter() - t_log)
+    except Exception as exc:
+        yield p.not_logged(exc)
+        return
+    for out in p.last(m, lease):
+        yield out
 
 
 def _row(turn: Turn, lease: Lease, token_ids, logprobs, text, calls, finish, ttft_ms) -> dict:
