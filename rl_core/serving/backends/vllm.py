@@ -224,21 +224,29 @@ class VLLMBackend:
         self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
         t0 = time.perf_counter()
         r = self.http.post("/v1/completions", json=self._body(prompt_ids, sampling, False, adapter))
-        r.raise_for_status()
-        g = collect_stream(iter([self._piece(r.json()["choices"][0])]))
-        g.ttft_ms = (time.perf_counter() - t0) * 1000
-        return g
+        return self._generation(r, t0)
 
     def stream(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Iterator[StepOut]:
         self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
         with self.http.stream("POST", "/v1/completions", json=self._body(prompt_ids, sampling, True, adapter)) as r:
             r.raise_for_status()
             for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choices = json.loads(line[6:]).get("choices") or []
-                if choices:
-                    yield self._piece(choices[0])
+                if (piece := self._sse_piece(line)) is not None:
+                    yield piece
+
+    def _generation(self, r: httpx.Response, t0: float) -> Generation:
+        """A non-streamed /v1/completions answer as a Generation (ttft: the whole answer's time)."""
+        r.raise_for_status()
+        g = collect_stream(iter([self._piece(r.json()["choices"][0])]))
+        g.ttft_ms = (time.perf_counter() - t0) * 1000
+        return g
+
+    def _sse_piece(self, line: str) -> StepOut | None:
+        """One server-sent line of a streamed /v1/completions: its piece, or None (keep-alives, [DONE], no choice)."""
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return None
+        choices = json.loads(line[6:]).get("choices") or []
+        return self._piece(choices[0]) if choices else None
 
     # --- generation on the gateway's event loop (no thread per request, none per streamed token) ------------
     def _aclient(self) -> httpx.AsyncClient:
@@ -260,10 +268,7 @@ class VLLMBackend:
         await self._aready()
         t0 = time.perf_counter()
         r = await self._aclient().post("/v1/completions", json=self._body(prompt_ids, sampling, False, adapter))
-        r.raise_for_status()
-        g = collect_stream(iter([self._piece(r.json()["choices"][0])]))
-        g.ttft_ms = (time.perf_counter() - t0) * 1000
-        return g
+        return self._generation(r, t0)
 
     async def astream(self, prompt_ids: list[int], sampling: Sampling,
                       adapter: str | None = None) -> AsyncIterator[StepOut]:
@@ -273,8 +278,5 @@ class VLLMBackend:
         async with self._aclient().stream("POST", "/v1/completions", json=body) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choices = json.loads(line[6:]).get("choices") or []
-                if choices:
-                    yield self._piece(choices[0])
+                if (piece := self._sse_piece(line)) is not None:
+                    yield piece
