@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rl_core.simulate.org_protocol import pooled_orgs  # noqa: E402
 from rl_core.simulate.protocol import Protocol, _pool  # noqa: E402
+from rl_core.simulate.protocol_report import PRIMARY_LABELS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"
@@ -119,14 +120,10 @@ def same_as_committed(pool: dict | None, committed: dict | None) -> str:
     return f"equals the committed {committed['file']}" if same else f"DIFFERS from the committed {committed['file']}"
 
 
-# the pooled test's metric, by the protocol's primary (the DiDs are named by the pool's kind)
-PRIMARY_NAMES = {"mean_reward": "reward", "feature_rate": "feature rate", "edit_persisted_rate": "edits persisting"}
-
-
 def result(pool: dict | None, primary: str = "mean_reward") -> str:
     if not pool:
         return "no committed summary"
-    what = "DiD" if pool.get("kind") == "did" else PRIMARY_NAMES.get(primary, primary)
+    what = "DiD" if pool.get("kind") == "did" else PRIMARY_LABELS.get(primary, primary)  # a DiD by the pool's kind
     return f"{what} {f(pool['diff'])} {ci(pool)}, {pool['n_users']} users"
 
 

@@ -59,12 +59,15 @@ def log_pooled(cfg: Config, pool: dict) -> str:
     return run_id
 
 
+# how a summary's primary metric (its paired per-user test) is named in tables (bench/claims.py too)
+PRIMARY_LABELS = {"mean_reward": "reward", "feature_rate": "feature rate", "edit_persisted_rate": "edits persisted"}
+
+
 def markdown(summaries: list[dict], pool: dict | None) -> str:
     """One row per seed (the registered test and every check), then the pooled line."""
     f = "{:+.3f}".format
     what = {s.get("primary_metric", "mean_reward") for s in summaries} - {"mean_reward"}
-    names = {"edit_persisted_rate": "edits persisted", "feature_rate": "feature rate"}
-    label = names.get(next(iter(what)), "reward") if len(what) == 1 else "reward"  # the primary's per-user mean
+    label = PRIMARY_LABELS.get(next(iter(what)), "reward") if len(what) == 1 else "reward"  # the per-user mean
     lines = [f"| seed | users | v1 {label} | last {label} | paired diff | 95% CI | feature rate first -> last | "
              "eval | monitors | A/B | minutes |", "|" + "---|" * 11]
     for s in summaries:
