@@ -54,7 +54,7 @@ RUN pip install pip==26.3 \
  && pip install --no-deps -r /tmp/requirements-nodeps-gpu.txt \
  && rm /tmp/requirements-nodeps-gpu.txt
 
-# The code: rl_core/, evals/, sql/, dags/, plugins/, bench/, rtrl.toml, pyproject.toml (.dockerignore leaves out
+# The code: rl_core/, evals/, lab/, sql/, dags/, plugins/, bench/, rtrl.toml, pyproject.toml (.dockerignore leaves out
 # var/, .venv/, .git/, tests/, docs/). Editable, as `make setup` does: rl_core finds rtrl.toml, sql/ and
 # evals/tasks beside itself (config.REPO_ROOT), which a wheel in site-packages would not carry.
 COPY . .

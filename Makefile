@@ -48,7 +48,7 @@ test-slow: setup sysdeps
 test-all: setup sysdeps
 	$(PY) -m pytest -q
 
-# The production topology on this machine, without docker (rl_core/stack/): PostgreSQL, Redis, an S3
+# The production topology on this machine, without docker (lab/stack/): PostgreSQL, Redis, an S3
 # endpoint, the MLflow server, Airflow with the CeleryExecutor and two workers. Idempotent; `rtrl stack down`.
 stack: setup sysdeps
 	$(PY) -m rl_core.cli stack up
@@ -70,7 +70,7 @@ airflow: setup
 	$(PY) -m rl_core.cli cycle --ui airflow
 
 mlflow: setup
-	$(PY) -m rl_core.stack.mlflow_ui
+	$(PY) -m lab.stack.mlflow_ui
 
 lint: setup
 	$(VENV)/bin/ruff check .

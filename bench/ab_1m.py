@@ -1,6 +1,6 @@
 """How long the A/B verdict takes on 1M logged interactions (issue 7: "runs in seconds").
 
-Simulated logs (rl_core.testing.ab_synth) with a planted +3-point edit-persisted effect are written to a
+Simulated logs (lab.testing.ab_synth) with a planted +3-point edit-persisted effect are written to a
 temporary lake as hourly Parquet partitions, then `ab_verdict` runs on them: DuckDB SQL over the raw
 interactions + feedback, clustered delta-method intervals, a Poisson cluster bootstrap of p50/p90
 latency (config [ab] bootstrap_iters), optionally CUPED over a pre-period, and the report logged to
@@ -34,11 +34,11 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="rtrl-bench-ab-"))
     os.environ.update({"RTRL_HOME": str(home), "RTRL_AB__BOOTSTRAP_ITERS": str(args.iters)})
+    from lab.testing import ab_synth
+    from lab.testing.ab_synth import ArmSpec
     from rl_core.ab import verdict
     from rl_core.config import load_config
     from rl_core.lake import Lake
-    from rl_core.testing import ab_synth
-    from rl_core.testing.ab_synth import ArmSpec
 
     cfg = load_config()
     start = datetime(2026, 12, 2, 5, tzinfo=timezone.utc)

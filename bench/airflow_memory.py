@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/airflow_memory.py [--settle 60] [--run] [--rounds 1] [--baseline | --lean] [--out PATH]
 
-Each configuration starts the embedded Airflow as `make airflow` does (rl_core.runtime.airflow.start_airflow,
+Each configuration starts the embedded Airflow as `make airflow` does (lab.airflow.start_airflow,
 its environment from airflow_env) on a free port, in a fresh RTRL_HOME made by `rtrl init --no-check` on the
 tiny profile, and samples its whole process tree every 0.5 s (psutil: the group leader and its children,
 recursively): while it starts, while it is signed into over REST and the UI's pages are fetched (/, the
@@ -14,7 +14,7 @@ Configurations, measured in the same invocation (one after the other, each from 
 - baseline: `make airflow` before issue 41, `airflow standalone` (start_airflow(standalone=True)): a resident
   Airflow process of its own, the scheduler, dag-processor, api-server and a triggerer.
 - lean: start_airflow's default since issue 41: the scheduler, dag-processor (one parsing process, LEAN_ENV)
-  and api-server under a small launcher (`python -m rl_core.runtime.airflow`), no triggerer.
+  and api-server under a small launcher (`python -m lab.airflow`), no triggerer.
 --rounds N measures them N times, alternating (a peak depends on whether two DAG files were parsed at once).
 
 Reported per configuration: the peak of the summed RSS (what `ps` and the issue count: pages shared between
@@ -176,7 +176,7 @@ def _summary(peak: dict) -> dict:
 def start_sampled(s: Sampler, cfg, port: int, log: Path, **kw) -> tuple:
     """start_airflow(cfg, port, log, **kw) with s sampling the group from its leader's first moments (start_airflow
     returns only once the api-server answers); (leader, password, seconds until it returned)."""
-    from rl_core.runtime.airflow import start_airflow
+    from lab.airflow import start_airflow
 
     result: list = []
     t0 = time.time()
@@ -194,13 +194,13 @@ def start_sampled(s: Sampler, cfg, port: int, log: Path, **kw) -> tuple:
 
 
 def _leader() -> int | None:
-    """The group leader start_airflow is starting (`airflow standalone` or rl_core.runtime.airflow's launcher)."""
+    """The group leader start_airflow is starting (`airflow standalone` or lab.airflow's launcher)."""
     for p in psutil.Process().children():
         try:
             argv = p.cmdline()
         except psutil.Error:
             continue
-        if argv[1:2] == ["standalone"] or "rl_core.runtime.airflow" in argv:
+        if argv[1:2] == ["standalone"] or "lab.airflow" in argv:
             return p.pid
     return None
 

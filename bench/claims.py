@@ -5,7 +5,7 @@
 Why: a claim is worth what its numbers are worth, and a page typed by hand drifts from the runs it reports.
 So the page's numbers come from here: the committed seed summaries (docs/results/*.json, written by
 `rtrl experiment --protocol`), pooled by the same function `rtrl experiment --report` uses
-(rl_core.simulate.protocol._pool: the paired test of a shared protocol, org_protocol.pooled_orgs for an org one),
+(lab.simulate.protocol._pool: the paired test of a shared protocol, org_protocol.pooled_orgs for an org one),
 each pooled result checked against the committed pooled file where there is one; and the registered protocols
 (bench/protocols/*.toml) in the order git added them, to count how many designs on a question were registered
 before a result. tests/test_claims.py runs this on the committed files: every line it prints must be in
@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rl_core.simulate.org_protocol import pooled_orgs  # noqa: E402
-from rl_core.simulate.protocol import Protocol, _pool  # noqa: E402
-from rl_core.simulate.protocol_report import PRIMARY_LABELS  # noqa: E402
+from lab.simulate.org_protocol import pooled_orgs  # noqa: E402
+from lab.simulate.protocol import Protocol, _pool  # noqa: E402
+from lab.simulate.protocol_report import PRIMARY_LABELS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "docs" / "results"

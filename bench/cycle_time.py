@@ -5,7 +5,7 @@
     RTRL_HOME=H python bench/cycle_time.py --experiment OUT   (no new cycle: the last cycle of an
                                                          `rtrl experiment --out OUT` run with RTRL_HOME=H)
 
-Runs rl_core.cycle.run_cycle once (init, gateway, simulated traffic, compaction, `airflow dags test`), then
+Runs lab.cycle.run_cycle once (init, gateway, simulated traffic, compaction, `airflow dags test`), then
 reads what happened from the files: the cycle's own timings, each Airflow task's start/end from the
 Airflow metadata DB, and the compute inside them. "Compute" is only
   - generation while serving: the union of [ts_request, ts_response] of the cycle's logged interactions,
@@ -113,8 +113,8 @@ def main() -> int:
         sys.exit("--experiment needs the RTRL_HOME the experiment ran with")
     if not os.environ.get("RTRL_HOME"):
         os.environ["RTRL_HOME"] = tempfile.mkdtemp(prefix="rtrl-bench-cycle-")
+    from lab.cycle import run_cycle
     from rl_core.config import load_config
-    from rl_core.cycle import run_cycle
     from rl_core.lake import Lake
 
     cfg = load_config()

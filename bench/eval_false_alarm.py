@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     from evals.runner import run_suite
     from evals.tasks import load_tasks
     from rl_core.config import load_config
+    from rl_core.features import Rate
     from rl_core.init import init
     from rl_core.models import base_checkpoint
-    from rl_core.simulate.features import Rate
 
     cfg = load_config()
     init(cfg, check_generation=False)

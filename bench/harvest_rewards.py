@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/harvest_rewards.py [--n 1000000] [--pandas-n 200000] [--repeat 3]
 
-Generates a window of raw events with rl_core.testing.synth (not timed), then times rtrl's path
+Generates a window of raw events with lab.testing.synth (not timed), then times rtrl's path
 (DuckDB over the Parquet lake + Arrow-batch scorers, written atomically) and a plain-pandas implementation
 of the same selection, join, aggregation and signals (row-wise apply where pandas has nothing better,
 as one would write it), on the same data. The pandas rewards are checked against rtrl's (max |diff|).
@@ -31,11 +31,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lab.testing.synth import generate, window  # noqa: E402
 from rl_core.config import load_config  # noqa: E402
 from rl_core.harvest import harvest  # noqa: E402
 from rl_core.lake import Lake  # noqa: E402
 from rl_core.rewards import SIGNALS, followup, score_run, scorers  # noqa: E402
-from rl_core.testing.synth import generate, window  # noqa: E402
 
 POLICY = 2
 

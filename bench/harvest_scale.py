@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/harvest_scale.py [--n 10000000] [--dag-n 2000000] [--chunks 20] [--no-dag] [--limits 3GB,2.5GB]
 
-1. Generates a 5-hour window of --n interactions with their feedback (rl_core.testing.synth, in --chunks
+1. Generates a 5-hour window of --n interactions with their feedback (lab.testing.synth, in --chunks
    chunks; not timed) into an embedded (local) lake, and a second, earlier window of --dag-n interactions.
    This bench's own process peaks at ~9.7 GB at 10M (`/usr/bin/time -v`), hence the fresh harvest processes.
 2. Starts the stack on free ports in a temporary folder (PostgreSQL, Redis, the S3 server, the MLflow
@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from lab.testing.synth import ArmSpec, generate, window  # noqa: E402
 from rl_core.runtime.procs import environ  # noqa: E402
-from rl_core.testing.synth import ArmSpec, generate, window  # noqa: E402
 
 DAG = "realtime_rl"
 BIG = window()  # [2026-12-02T05:00Z, 10:00Z)
@@ -130,7 +130,7 @@ def episodes_of(cfg):
 def upload(local: str, stack) -> None:
     import s3fs
 
-    from rl_core.stack.parts import LAKE_BUCKET
+    from lab.stack.parts import LAKE_BUCKET
 
     fs = s3fs.S3FileSystem(key="rtrl-stack", secret="rtrl-stack", client_kwargs={"endpoint_url": stack.s3_url})
     files = sorted(str(p.relative_to(local)) for p in Path(local, "raw").rglob("*.parquet"))
@@ -141,9 +141,9 @@ def upload(local: str, stack) -> None:
 
 def run(args, tmp: Path) -> None:
     """Prints each table row as soon as it is measured (a late failure keeps the rows before it)."""
+    from lab.stack.cli import down, up
+    from lab.stack.parts import Ports, Stack
     from rl_core.config import load_config
-    from rl_core.stack.cli import down, up
-    from rl_core.stack.parts import Ports, Stack
 
     local = str(tmp / "lake")
     gen_s = fill(local, args.n, *BIG, args.chunks, seed=100) + fill(local, args.dag_n, *SMALL, 4, seed=200)

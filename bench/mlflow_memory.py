@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/mlflow_memory.py [--settle 30] [--rounds 1] [--out PATH]
 
-Each configuration starts `mlflow ui --workers 1` as `make mlflow` does (rl_core.stack.mlflow_ui: ui_argv, the
+Each configuration starts `mlflow ui --workers 1` as `make mlflow` does (lab.stack.mlflow_ui: ui_argv, the
 process in its own session via rl_core.runtime.procs.start) on a free port, in a fresh RTRL_HOME made by
 `rtrl init --no-check` on the tiny profile (its SQLite store holds rtrl's experiments and the registered model),
 and samples its whole process tree every 0.5 s (bench/airflow_memory.py's Sampler: the session leader and its
@@ -96,9 +96,9 @@ def fetch_pages(base: str, model: str, rounds: int = ROUNDS) -> dict[str, int]:
 
 def measure(name: str, env: dict[str, str], log: Path, settle_s: float) -> dict:
     """Start the UI (before: without NO_JOBS in its environment), sample it through every phase, stop it."""
+    from lab.stack.mlflow_ui import NO_JOBS, ui_argv, ui_env
     from rl_core.config import load_config
     from rl_core.runtime.procs import free_port, start, stop, wait_http
-    from rl_core.stack.mlflow_ui import NO_JOBS, ui_argv, ui_env
 
     cfg = load_config(REPO / "rtrl.toml", environ=env)
     port, out = free_port(), {"configuration": name}

@@ -4,7 +4,7 @@
     .venv/bin/python bench/org_gain.py --users 12 --interactions 240 --orgs org-acme org-globex
     RTRL_PROFILE=tiny .venv/bin/python bench/org_gain.py --interactions 40   # the plumbing, in minutes
 
-Steps: the simulated users of cfg.simulate.orgs (each org with its own conventions, rl_core/simulate/personas.py)
+Steps: the simulated users of cfg.simulate.orgs (each org with its own conventions, lab/simulate/personas.py)
 drive the gateway serving the champion; the window is harvested; for each org with enough episodes its
 adapter is trained (LoRA on the champion, that org's episodes only) and evaluated paired against the champion
 on the org's own tasks (rl_core/orgs/tasks.py) and on the shared suite (evals.compare).
@@ -17,6 +17,7 @@ import sys
 import time
 from datetime import timedelta
 
+from lab.simulate.runner import SimSpec, simulate
 from rl_core.config import load_config
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
@@ -24,7 +25,6 @@ from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, prepare_org, trai
 from rl_core.registry import store
 from rl_core.schema import now_utc
 from rl_core.serving.server import serve_in_thread
-from rl_core.simulate.runner import SimSpec, simulate
 
 
 def main(argv: list[str] | None = None) -> int:

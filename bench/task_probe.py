@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def probe_task(task, user, chat, samples: int, seed: int) -> dict:
     from evals.tools import Workspace, openai_tools
+    from lab.simulate.users import TEST_LIMITS, react, request_text
     from rl_core.schema import now_utc
-    from rl_core.simulate.users import TEST_LIMITS, react, request_text
 
     outcomes: dict[str, int] = {}
     for k in range(samples):
@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the per-task rows here")
     args = p.parse_args(argv)
 
+    from lab.simulate.bank import load_bank
+    from lab.simulate.runner import SimSpec, first_turns
     from rl_core.config import load_config
     from rl_core.init import init
-    from rl_core.simulate.bank import load_bank
-    from rl_core.simulate.runner import SimSpec, first_turns
 
     cfg = load_config()
     init(cfg, check_generation=False)

@@ -26,7 +26,7 @@ from evals.judge import judge
 from evals.policies import Policy
 from evals.tasks import Task
 from evals.tools import Workspace, openai_tools
-from rl_core.simulate.features import CODE_BLOCK_RE, Answer, code_block
+from rl_core.features import CODE_BLOCK_RE, Answer, code_block
 
 # No system prompt: the request reaches the model as the simulated users (and an IDE) send it, so the suite
 # measures what users get. Measured on SmolLM2-135M (10 band candidates x 4 samples, T 0.8): an assistant system
@@ -88,7 +88,7 @@ class TaskResult:
 
 def request_text(task: Task) -> str:
     """The user's message as the IDE sends it: the repository's files attached as fenced code blocks, then the
-    request (the same shape as the simulated users' messages, rl_core/simulate/users.request_text)."""
+    request (the same shape as the simulated users' messages, lab/simulate/users.request_text)."""
     files = [f"{path}:\n```python\n{text.rstrip()}\n```\n" for path, text in sorted(task.files.items())]
     return "".join(files) + task.prompt.strip()
 

@@ -42,13 +42,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("rl_core.registry.cli:add_promote", "move `champion` to the challenger"),
     "rollback": ("rl_core.registry.cli:add_rollback", "restore the previous champion / drop the challenger"),
     "registry": ("rl_core.registry.cli:add_registry", "aliases, rtrl's record of its moves, alias drift (--adopt / --revert)"),
-    "simulate": ("rl_core.simulate.cli:add_simulate", "simulated users driving the real HTTP API"),
-    "experiment": ("rl_core.simulate.experiment:add_experiment", "run K full cycles and log learning curves"),
-    "cycle": ("rl_core.cycle:add_cycle", "one whole cycle: init, serve, simulate, DAG run, report"),
     "forget": ("rl_core.forget:add_forget", "delete an organisation's (or user's) rows from the lake"),
-    "bench": ("rl_core.bench:add_bench", "run a benchmark from bench/ and print its table"),
-    "stack": ("rl_core.stack.cli:add_stack", "the production stack here: PostgreSQL, Redis, S3, MLflow server, Celery"),
 }
+
+
+ENTRY_POINTS = "rtrl.commands"  # other packages' tables of the same form (the lab's: lab/commands.py)
+
+
+def commands() -> dict[str, tuple[str, str]]:
+    """The product's commands, then every installed `rtrl.commands` entry point's (without importing their modules)."""
+    from importlib.metadata import entry_points
+
+    found = dict(COMMANDS)
+    for ep in entry_points(group=ENTRY_POINTS):
+        found.update({k: v for k, v in ep.load().items() if k not in COMMANDS})
+    return found
 
 
 class NotImplementedYet(Exception):
@@ -75,7 +83,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
         epilog="Config: rtrl.toml, RTRL_PROFILE=default|tiny, RTRL_HOME, RTRL_<SECTION>__<KEY>. See README.md.",
     )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (spec, help_text) in COMMANDS.items():
+    for name, (spec, help_text) in commands().items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             _load(spec)(sub)
@@ -84,7 +92,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    chosen = argv[0] if argv and argv[0] in commands() else None
     try:
         parser = build_parser(chosen)
     except NotImplementedYet as exc:

@@ -243,7 +243,7 @@ class OrgsConfig(Section):
 
 
 class Preference(Section):
-    """What simulated users want of an answer (a feature of rl_core/simulate/features.py, present or absent), said
+    """What simulated users want of an answer (a feature of rl_core/features.py, present or absent), said
     only through feedback the gateway records (a thumbs per answer; a reverted edit), scored by the reward code."""
 
     feature: str
@@ -268,7 +268,7 @@ class Preference(Section):
     @field_validator("feature", "needs")
     @classmethod
     def _known(cls, v: str | None) -> str | None:
-        from rl_core.simulate.features import FEATURES  # lazy: keeps rtrl --help fast (every command loads config)
+        from rl_core.features import FEATURES  # lazy: keeps rtrl --help fast (every command loads config)
 
         if v is not None and v not in FEATURES:
             raise ValueError(f"unknown answer feature {v!r}; known: {', '.join(sorted(FEATURES))}")

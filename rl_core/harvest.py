@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +31,8 @@ from rl_core.config import Config, load_config
 from rl_core.duck import bind_files, connect, file_urls, load_sql, write_stream
 from rl_core.forget import load_registry
 from rl_core.lake import Lake
+from rl_core.ledger import Lineage, bind_consumed
 from rl_core.schema import EPISODES_SCHEMA, FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA
-
-if TYPE_CHECKING:
-    from rl_core.ledger import Lineage
 
 BATCH_ROWS = 65_536
 
@@ -201,7 +198,6 @@ def _select(cfg: Config, lake: Lake, ifiles: list[str], ffiles: list[str], count
     the join adds (DuckDB sorts within harvest.duckdb_memory_limit, spilling past it), the window's counts
     (all, excluded, consumed), who consumed what, and the number of exclusion rules. The connection lives
     as long as the context, so the reader is read inside it."""
-    from rl_core.ledger import bind_consumed  # lazy: circular (the ledger reads the lake through this module)
 
     hc = cfg.harvest
     params = counts | {"grace_end": grace_end, "granularity": hc.granularity, "discount": hc.session_discount}

@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 
 from rl_core.config import Config
 from rl_core.duck import bind_files, connect, load_sql
-from rl_core.harvest import episodes_path
 from rl_core.lake import Lake
 from rl_core.registry import store
 from rl_core.schema import LEDGER_SCHEMA
@@ -87,12 +86,12 @@ def bind_consumed(con, lake: Lake, lineage: Lineage | None) -> None:
 def consumed_by_others(cfg: Config, run_id: str, lineage: Lineage) -> dict[str, int]:
     """{other run: how many of run_id's episodes it consumed} (sql/ledger/conflicts.sql)."""
     lake = Lake(cfg.lake_root)
-    if not lake.exists(episodes_path(lake, run_id)):
+    if not lake.exists(lake.run(run_id).episodes):
         return {}
     con = connect(lake, memory_limit=cfg.harvest.duckdb_memory_limit)
     try:
         ids = pa.schema([LEDGER_SCHEMA.field("event_id")])
-        bind_files(con, lake, "episodes", [lake.path(episodes_path(lake, run_id))], ids)
+        bind_files(con, lake, "episodes", [lake.path(lake.run(run_id).episodes)], ids)
         bind_consumed(con, lake, lineage)
         rows = con.execute(load_sql("ledger/conflicts.sql"), {"run_id": run_id}).fetchall()
     finally:
@@ -109,9 +108,9 @@ def consume(cfg: Config, run_id: str, version: int, parent_version: int) -> str 
     relpath = f"{lineage.relpath}/{run_id}.parquet"
     if lake.exists(relpath):
         return lake.path(relpath)
-    if not lake.exists(episodes_path(lake, run_id)):
+    if not lake.exists(lake.run(run_id).episodes):
         return None
-    with lake.fs.open(lake.path(episodes_path(lake, run_id)), "rb") as f:  # the id column only, not the tokens
+    with lake.fs.open(lake.path(lake.run(run_id).episodes), "rb") as f:  # the id column only, not the tokens
         ids = pq.read_table(f, columns=["event_id"]).column("event_id").combine_chunks()
     n = len(ids)
     table = pa.table({"event_id": ids, "run_id": pa.array([run_id] * n, pa.string()),

@@ -8,11 +8,11 @@ from datetime import timedelta
 import pytest
 from test_ab_verdict import END, START
 
+from lab.testing import ab_synth
+from lab.testing.ab_synth import ArmSpec
 from rl_core.ab import verdict
 from rl_core.lake import Lake
 from rl_core.registry import store
-from rl_core.testing import ab_synth
-from rl_core.testing.ab_synth import ArmSpec
 
 
 def _write(cfg, start, end, champion, challenger, seed):

@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from lab.testing import ab_synth
+from lab.testing.ab_synth import ArmSpec
 from rl_core.ab.result import METRICS, MetricResult, noninferior
 from rl_core.ab.verdict import ab_verdict, decide
 from rl_core.lake import Lake
-from rl_core.testing import ab_synth
-from rl_core.testing.ab_synth import ArmSpec
 
 START = datetime(2026, 12, 2, 5, tzinfo=timezone.utc)
 END = START + timedelta(hours=5)

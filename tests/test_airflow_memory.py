@@ -1,5 +1,5 @@
 """`make airflow`'s footprint (issue 41): start_airflow runs the scheduler, dag-processor and api-server under
-rl_core.runtime.airflow's launcher, without `airflow standalone`'s own process and its triggerer, and the whole
+lab.airflow's launcher, without `airflow standalone`'s own process and its triggerer, and the whole
 process tree stays under a bound set from bench/airflow_memory.py's measurement (slow: a real Airflow). The
 launcher itself is checked here with a fake `airflow` (fast): prefixed output in one log, every component stopped
 when one exits or the group is signalled."""
@@ -50,7 +50,7 @@ def _launcher(tmp_path: Path, *components: str, grace_s: float = 4.0) -> tuple[s
     fake.write_text(f"#!{sys.executable}\n{FAKE}")
     fake.chmod(0o755)
     log = tmp_path / "launch.log"
-    code = ("import sys; from rl_core.runtime.airflow import launch; "
+    code = ("import sys; from lab.airflow import launch; "
             f"sys.exit(launch(sys.argv[1:], {grace_s}, {str(fake)!r}))")
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-c", code, *components], stdout=out, stderr=subprocess.STDOUT,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rl_core.cli import COMMANDS, main
+from lab.commands import COMMANDS as LAB_COMMANDS
+from rl_core.cli import COMMANDS, commands, main
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -15,8 +16,10 @@ def test_help_lists_every_subcommand(capsys):
         assert e.code == 0
     out = capsys.readouterr().out
     for name in ("init", "config", "serve", "collect", "harvest", "rewards", "train", "eval", "register", "ab",
-                 "promote", "rollback", "simulate", "experiment", "forget", "bench"):
+                 "promote", "rollback", "forget"):
         assert name in COMMANDS and name in out
+    for name in ("simulate", "experiment", "cycle", "bench", "stack"):  # the lab's, through its entry point
+        assert name in LAB_COMMANDS and name not in COMMANDS and name in commands() and name in out
 
 
 def test_bad_config_names_field(tmp_path, monkeypatch):

@@ -12,11 +12,11 @@ from datetime import datetime, timedelta, timezone
 import pyarrow.parquet as pq
 from fastapi.testclient import TestClient
 
+from lab.testing.synth import feedback_row, interaction_row
 from rl_core.collect import wal
 from rl_core.collect.collector import Collector
 from rl_core.collect.compact import compact
 from rl_core.lake import Lake
-from rl_core.testing.synth import feedback_row, interaction_row
 
 T = datetime(2026, 12, 2, 9, 40, tzinfo=timezone.utc)  # the traffic spans the 09:00 and 10:00 partitions
 EVIL = "org-evil"

@@ -91,7 +91,7 @@ def test_lake_and_mlflow_artifacts_on_s3():
     assert "s3" in services and "s3-init" in services
     assert services["s3-init"]["depends_on"]["s3"]["condition"] == "service_healthy"
     s3 = services["s3"]  # the stack's own streaming S3 part from the rtrl image, not moto's stock image
-    assert RTRL_IMAGE.match(s3["image"]) and s3["command"][:3] == ["python", "-m", "rl_core.stack.s3server"]
+    assert RTRL_IMAGE.match(s3["image"]) and s3["command"][:3] == ["python", "-m", "lab.stack.s3server"]
     spool = s3["environment"]["TMPDIR"]
     assert any(v.endswith(f":{spool}") for v in s3["volumes"]), "moto's spool must be on a volume"
     bucket_code = " ".join(services["s3-init"]["command"])

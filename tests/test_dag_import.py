@@ -151,7 +151,7 @@ UTC = timezone.utc
 
 
 def test_window_from_data_interval_and_params():
-    from rl_core.cycle import resolve_window
+    from lab.cycle import resolve_window
 
     s, e = datetime(2026, 12, 2, 5, tzinfo=UTC), datetime(2026, 12, 2, 10, tzinfo=UTC)
     w = resolve_window({}, s, e, 5)
@@ -163,7 +163,7 @@ def test_window_from_data_interval_and_params():
 
 
 def test_window_without_interval_is_last_complete_one():
-    from rl_core.cycle import resolve_window
+    from lab.cycle import resolve_window
 
     w = resolve_window({}, None, None, 5, now=datetime(2026, 1, 1, 12, 34, tzinfo=UTC))
     assert (w.start, w.end) == (datetime(2026, 1, 1, 5, tzinfo=UTC), datetime(2026, 1, 1, 10, tzinfo=UTC))
@@ -176,7 +176,7 @@ def test_window_without_interval_is_last_complete_one():
     ({"start": "2026-12-02T10:00:00Z", "end": "2026-12-02T09:00:00Z"}, "must be after"),
 ])
 def test_bad_window_params_name_the_field(params, match):
-    from rl_core.cycle import resolve_window
+    from lab.cycle import resolve_window
 
     with pytest.raises(ValueError, match=match):
         resolve_window(params, None, None, 5)
@@ -188,7 +188,7 @@ def test_a_standalone_cycle_waits_for_the_previous_window_to_end(cfg):
     import time
     from datetime import UTC, datetime, timedelta
 
-    from rl_core.cycle import wait_for_window
+    from lab.cycle import wait_for_window
 
     assert wait_for_window(cfg) == 0.0  # first cycle: nothing to wait for
     cfg.home_path.mkdir(parents=True, exist_ok=True)

@@ -46,8 +46,8 @@ def af(registered, monkeypatch):
 
 
 def traffic(cfg, n: int = 24) -> None:
+    from lab.testing.synth import ArmSpec, generate
     from rl_core.lake import Lake
-    from rl_core.testing.synth import ArmSpec, generate
 
     generate(n, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),
              arms=(ArmSpec(name="champion", model_version=1, share=1.0),), orgs=tuple(cfg.simulate.orgs),
@@ -88,7 +88,7 @@ def run_at(logical_date: datetime, conf: dict | None = None,
            window: tuple[datetime, datetime] | None = None) -> tuple[str, dict[str, str], str, dict]:
     """One dag.test() run; returns its state, every task's state, the Airflow run id, and the window task's
     return value (as the UI shows it). window: the run's data interval, named as `rtrl cycle` names it
-    (rl_core.dagrun.dag_test); else the grid window that ended at or before logical_date."""
+    (lab.dagrun.dag_test); else the grid window that ended at or before logical_date."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
@@ -208,14 +208,14 @@ def test_params_that_disagree_with_the_data_interval_are_refused_and_the_run_emi
 
 @pytest.mark.slow  # ~1 min: a child process imports Airflow and runs the DAG up to `harvest`
 def test_an_in_process_cycle_run_gets_exactly_its_window_as_data_interval(af, tmp_path):
-    """`rtrl experiment`'s cycles run the DAG in one process (rl_core.dagrun.dags_test -> `python -m
-    rl_core.dagrun`): `airflow dags test` could only infer a grid window, so the data interval was the last grid
+    """`rtrl experiment`'s cycles run the DAG in one process (lab.dagrun.dags_test -> `python -m
+    lab.dagrun`): `airflow dags test` could only infer a grid window, so the data interval was the last grid
     slot while the params named the traffic's minutes. Now the run's data interval is the window itself."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
 
-    from rl_core.cycle import airflow_env
-    from rl_core.dagrun import dags_test
+    from lab.cycle import airflow_env
+    from lab.dagrun import dags_test
     from rl_core.window import Window
 
     cfg = af
@@ -237,8 +237,8 @@ def test_a_gate_refusal_is_the_first_line_of_its_log(registered, capsys):
     from airflow.sdk.exceptions import AirflowFailException
     from rtrl_operators import DataQualityGateOperator
 
+    from lab.testing.synth import ArmSpec, Defects, generate
     from rl_core.lake import Lake
-    from rl_core.testing.synth import ArmSpec, Defects, generate
 
     cfg = registered
     generate(24, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),

@@ -43,8 +43,8 @@ def write_window(cfg, n: int = 24, arms=None, **defects) -> None:
     the real lake."""
     from datetime import timedelta
 
+    from lab.testing.synth import ArmSpec, Defects, generate
     from rl_core.lake import Lake
-    from rl_core.testing.synth import ArmSpec, Defects, generate
 
     generate(n, WINDOW_END - timedelta(hours=5), WINDOW_END, seed=7, lake=Lake(cfg.lake_root),
              arms=arms or (ArmSpec(name="champion", model_version=1, share=1.0),), defects=Defects(**defects),
@@ -150,9 +150,9 @@ def test_failing_gate_stops_the_cycle_and_moves_nothing(af_env):
 def test_a_hacking_live_challenger_trips_the_monitors_is_rolled_back_and_nothing_trains(af_env):
     """Champion v1 and a live challenger v2 that emits broken tool calls share the window. The cycle's own
     harvest keeps only the champion's lag range, so the monitors must score every served turn to see v2."""
+    from lab.testing.synth import ArmSpec
     from rl_core.lake import Lake
     from rl_core.registry import promote, store
-    from rl_core.testing.synth import ArmSpec
 
     cfg = af_env
     v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="hacky", tags={"parent_version": 1})
@@ -180,9 +180,9 @@ def test_a_challenger_winning_the_ab_by_gaming_the_reward_is_rolled_back_not_pro
     verdict is applied. With the A/B first, v2 became champion and the monitors then judged nothing newer."""
     from datetime import timedelta
 
+    from lab.testing.synth import ArmSpec
     from rl_core.ab.verdict import ab_verdict
     from rl_core.registry import promote, store
-    from rl_core.testing.synth import ArmSpec
 
     cfg = af_env
     v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="gamer", tags={"parent_version": 1})

@@ -7,7 +7,7 @@ tests; it is the only test that exercises the scheduler, backfills and REST Para
 Issue 41 on the same server: the manual run is triggered as `rtrl cycle` triggers it (its window as its data
 interval, its outcome as its note), the backfill dry run states what a backfill leaves out (the window still
 open, the one the schedule took), and a backfill given a single-run param is refused run by run. And `rtrl
-cycle`'s own path (rl_core.dagrun.scheduler_run) once, on a window without traffic: its task logs are where the UI
+cycle`'s own path (lab.dagrun.scheduler_run) once, on a window without traffic: its task logs are where the UI
 reads them."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ TRIGGER_WINDOW = (datetime(2026, 12, 1, 14, tzinfo=UTC), datetime(2026, 12, 1, 1
 
 
 def _data(cfg, start: datetime, end: datetime, seed: int) -> None:
+    from lab.testing.synth import ArmSpec, generate
     from rl_core.lake import Lake
-    from rl_core.testing.synth import ArmSpec, generate
 
     generate(24, start, end, seed=seed, lake=Lake(cfg.lake_root), orgs=tuple(cfg.simulate.orgs),
              arms=(ArmSpec(name="champion", model_version=1, share=1.0),), grace_hours=cfg.harvest.grace_hours)
@@ -76,7 +76,7 @@ def standalone(cfg, tmp_path: Path, **env: str) -> Iterator[Standalone]:
     dag-processor has parsed realtime_rl; its whole process group is stopped on exit."""
     import httpx
 
-    from rl_core.cycle import start_airflow
+    from lab.cycle import start_airflow
     from rl_core.runtime.procs import free_port, stop
 
     port = free_port()
@@ -153,8 +153,8 @@ def backfill_says_what_it_does(api) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # a real scheduler running three full cycles: 5-11 min here, depending on load
 def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
-    from rl_core.cycle import SCHEDULE_ANCHOR
-    from rl_core.dagrun import outcome_of, trigger_window
+    from lab.cycle import SCHEDULE_ANCHOR
+    from lab.dagrun import outcome_of, trigger_window
     from rl_core.lake import Lake
     from rl_core.window import Window
 
@@ -210,11 +210,11 @@ def test_standalone_trigger_and_backfill_over_rest(registered, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # standalone start 1-3 min here, then a run up to `harvest` (~1-2 min)
 def test_a_cycle_runs_through_the_scheduler_with_its_logs_where_the_ui_reads_them(registered, tmp_path, monkeypatch):
-    """`rtrl cycle`'s DAG run (rl_core.dagrun.scheduler_run) on a window without traffic: a manual run whose data
+    """`rtrl cycle`'s DAG run (lab.dagrun.scheduler_run) on a window without traffic: a manual run whose data
     interval is the window, its outcome as its note, its task logs under $AIRFLOW_HOME/logs (where the UI reads
     them); the scheduler made no run of its own and the DAG is paused again as it was."""
+    from lab.dagrun import scheduler_run
     from rl_core.config import load_config
-    from rl_core.dagrun import scheduler_run
     from rl_core.runtime.procs import free_port
     from rl_core.window import Window
 

@@ -78,7 +78,7 @@ def test_a_backfill_refuses_the_single_run_params(params, named):
 
 
 def test_the_timetable_gives_dag_test_its_exact_window_and_serializes_without_it():
-    """`dag.test()` can only ask the timetable for its run's data interval: rl_core.dagrun.dag_test sets
+    """`dag.test()` can only ask the timetable for its run's data interval: lab.dagrun.dag_test sets
     manual_window on its own DAG object. Grid inference is untouched without it, and no scheduler ever sees it."""
     import airflow  # noqa: F401  puts the plugins folder on sys.path
     from rtrl_operators.grid_timetable import GridTimetable

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.simulate import feedback as fb
+from lab.simulate.bank import load_bank
+from lab.simulate.personas import PERSONAS, Org, Pref, User
+from lab.simulate.users import Reply, run_session
 from rl_core import toolcalls
 from rl_core.config import ConfigError, load_config
-from rl_core.simulate import feedback as fb
-from rl_core.simulate.bank import load_bank
-from rl_core.simulate.features import FEATURES, Answer, Rate, episode_features, feature, features_of, writes_code
-from rl_core.simulate.personas import PERSONAS, Org, Pref, User
-from rl_core.simulate.users import Reply, run_session
+from rl_core.features import FEATURES, Answer, Rate, episode_features, feature, features_of, writes_code
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from lab.testing.synth import feedback_row, interaction_row
 from rl_core.cli import main
 from rl_core.collect import wal
 from rl_core.collect.collector import Collector
 from rl_core.collect.index import EventIndex
 from rl_core.forget import load_registry
 from rl_core.lake import Lake
-from rl_core.testing.synth import feedback_row, interaction_row
 
 REPO = Path(__file__).resolve().parent.parent
 T = datetime(2026, 12, 2, 9, 10, tzinfo=timezone.utc)

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta, timezone
 import pyarrow.parquet as pq
 import pytest
 
+from lab.testing.synth import ArmSpec, feedback_row, generate, interaction_row, window
 from rl_core.cli import main
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.schema import EPISODES_SCHEMA, to_table
-from rl_core.testing.synth import ArmSpec, feedback_row, generate, interaction_row, window
 
 START, END = window()
 

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from lab.testing.synth import generate, window
 from rl_core.config import HarvestConfig
 from rl_core.harvest import HarvestResult, harvest, merge_parts, plan_parts
 from rl_core.lake import Lake
-from rl_core.testing.synth import generate, window
 
 START, END = window()  # 5 h, on hour boundaries
 COUNTS = ("n_interactions", "n_episodes", "n_stale", "n_with_feedback", "n_excluded", "n_consumed")

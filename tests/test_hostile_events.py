@@ -21,13 +21,13 @@ import pytest
 from conftest import http_interaction as interaction
 from conftest import served_gateway
 
+from lab.testing.synth import generate, interaction_row, window
 from rl_core.exclude import exclude
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.quality import gate_episodes, gate_raw
 from rl_core.reports import GateFailed, read_verdict
 from rl_core.schema import INTERACTIONS_SCHEMA
-from rl_core.testing.synth import generate, interaction_row, window
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "rtrl-acme-token"
@@ -182,8 +182,8 @@ def test_scripted_run_one_hostile_org_between_another_orgs_normal_traffic(gw):
     quarantined with its reason; a second compaction is clean."""
     from openai import OpenAI
 
+    from lab.testing.synth import interaction_row
     from rl_core.collect import quarantine
-    from rl_core.testing.synth import interaction_row
 
     cfg, base, gateway = gw
     globex = OpenAI(base_url=base + "/v1", api_key="rtrl-globex-token")

@@ -12,9 +12,9 @@ from datetime import timedelta
 import pytest
 from test_registry_lifecycle import write_run
 
+from lab.testing.synth import ArmSpec, generate, window
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
-from rl_core.testing.synth import ArmSpec, generate, window
 
 START, END = window()
 

@@ -27,10 +27,10 @@ END = START + timedelta(hours=5)
 
 
 def ab_window(cfg, champion: int, challenger: int):
-    """A real A/B analysis of a window with traffic on both arms (rl_core/testing/ab_synth.py)."""
+    """A real A/B analysis of a window with traffic on both arms (lab/testing/ab_synth.py)."""
+    from lab.testing import ab_synth
+    from lab.testing.ab_synth import ArmSpec
     from rl_core.ab.verdict import ab_verdict
-    from rl_core.testing import ab_synth
-    from rl_core.testing.ab_synth import ArmSpec
 
     events, feedback = ab_synth.synth_ab(80, 30, START, END, ArmSpec(champion), ArmSpec(challenger), seed=4)
     lake = Lake(cfg.lake_root)
@@ -173,7 +173,7 @@ def test_run_names_have_one_format_and_the_docs_state_it(lifecycle):
 
 
 def test_the_embedded_ui_starts_without_mlflows_job_queue(cfg):
-    from rl_core.stack.mlflow_ui import ui_argv, ui_env
+    from lab.stack.mlflow_ui import ui_argv, ui_env
 
     argv, env = ui_argv(cfg, 5999), ui_env({"PATH": os.environ["PATH"]})
     assert argv[argv.index("--workers") + 1] == "1"
@@ -186,8 +186,8 @@ def test_the_embedded_ui_starts_without_mlflows_job_queue(cfg):
 def test_the_ui_runs_in_two_processes_and_opens_the_runs_table_with_the_deciding_columns(lifecycle, tmp_path):
     from browser import Browser, chromium
 
+    from lab.stack.mlflow_ui import links, start_ui
     from rl_core.runtime.procs import free_port, stop
-    from rl_core.stack.mlflow_ui import links, start_ui
 
     cfg, v2, v3, _ = lifecycle
     port = free_port()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+from lab.testing.synth import interaction_row, window
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.rewards import score_run
 from rl_core.rewards.monitors import run_monitors, version_rates
 from rl_core.schema import to_table
-from rl_core.testing.synth import interaction_row, window
 
 START, END = window()
 FIX = "Here is the fix:\n```python\ndef f(n):\n    return list(range(n))\n```"

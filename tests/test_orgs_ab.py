@@ -16,6 +16,8 @@ import pyarrow.compute as pc
 import pytest
 from test_ab_verdict import END, START
 
+from lab.testing import ab_synth
+from lab.testing.ab_synth import ArmSpec
 from rl_core.ab.org import apply_org_verdict, org_ab_verdict
 from rl_core.ab.verdict import apply_verdict
 from rl_core.lake import Lake
@@ -30,8 +32,6 @@ from rl_core.orgs.serving import in_adapter_arm
 from rl_core.registry import store
 from rl_core.schema import FEEDBACK_SCHEMA
 from rl_core.serving.router import user_bucket
-from rl_core.testing import ab_synth
-from rl_core.testing.ab_synth import ArmSpec
 
 ACME = AdapterVersion(org_id="org-acme", model_name="rtrl-adapter-org-acme", version=1,
                       adapter_version="org-acme-v1-0123abcd", path="", base_version=1)

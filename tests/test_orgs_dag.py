@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from lab.testing.synth import feedback_row, interaction_row, window
 from rl_core.lake import Lake
 from rl_core.schema import to_table
-from rl_core.testing.synth import feedback_row, interaction_row, window
 
 REPO = Path(__file__).resolve().parent.parent
 START, END = window()
@@ -53,7 +53,7 @@ def test_a_failing_org_does_not_block_the_others(af_db):
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 
-    from rl_core.cycle import run_id_for
+    from lab.cycle import run_id_for
     from rl_core.orgs.registry import live_adapter
     from rl_core.reports import read_verdicts
 
@@ -96,9 +96,9 @@ def test_each_run_judges_every_live_adapter_and_rolls_back_a_worse_one(af_db, tm
     from airflow.utils.session import create_session
     from test_orgs_ab import _adapter_folder, org_log, write
 
+    from lab.testing.ab_synth import ArmSpec
     from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter, register_adapter_folder
     from rl_core.registry import store
-    from rl_core.testing.ab_synth import ArmSpec
 
     cfg = af_db
     av = register_adapter_folder(cfg, "org-acme", _adapter_folder(tmp_path, "a1"),

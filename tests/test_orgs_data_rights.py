@@ -6,11 +6,11 @@ from datetime import timedelta
 
 import pytest
 
+from lab.testing.synth import feedback_row, interaction_row, window
 from rl_core.forget import forget
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.schema import to_table
-from rl_core.testing.synth import feedback_row, interaction_row, window
 
 START, END = window()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from lab.testing.synth import ArmSpec, Defects, generate, window
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.orgs.branch import adapt_org, org_targets
@@ -14,7 +15,6 @@ from rl_core.orgs.pipeline import org_run_id
 from rl_core.orgs.registry import deploy_adapter, live_adapter
 from rl_core.pipeline import ADAPTER_VERDICTS, REQUIRED_VERDICTS
 from rl_core.reports import GateFailed, Verdict, read_verdict, write_verdict
-from rl_core.testing.synth import ArmSpec, Defects, generate, window
 
 START, END = window()
 RUN = "cyc-gates"

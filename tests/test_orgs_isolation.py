@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from lab.testing.synth import TOOLS, feedback_row, interaction_row, window
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.orgs.branch import adapt_org, org_targets
@@ -22,7 +23,6 @@ from rl_core.orgs.pipeline import OrgError, eligible_orgs, org_run_id, prepare_o
 from rl_core.orgs.registry import adapter_config, adapter_model_name, live_adapter, register_adapter
 from rl_core.reports import read_verdicts
 from rl_core.schema import to_table
-from rl_core.testing.synth import TOOLS, feedback_row, interaction_row, window
 from rl_core.train.launch import TrainSummary
 
 START, END = window()

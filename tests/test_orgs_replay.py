@@ -1,4 +1,4 @@
-"""The replay measurement (rl_core/simulate/replay.py): an org's logged requests go back through a real gateway
+"""The replay measurement (lab/simulate/replay.py): an org's logged requests go back through a real gateway
 to the pinned base version and to the org's live adapter, with the same sampling seed on both arms; the summary
 pairs them by request, clusters by user, and says when an answer came from the wrong weights."""
 
@@ -8,10 +8,10 @@ import openai
 import pytest
 from test_orgs_serving import make_adapter
 
+from lab.simulate.org_protocol import replay_summary
+from lab.simulate.replay import Answer, Request, logged_requests, replay, sample_batched, sample_seed
 from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, register_adapter_folder
 from rl_core.registry import store
-from rl_core.simulate.org_protocol import replay_summary
-from rl_core.simulate.replay import Answer, Request, logged_requests, replay, sample_batched, sample_seed
 
 
 def _answer(user: str, org: str, eid: str, arm: str, j: int, hit: bool, adapter: str | None = None) -> Answer:
@@ -88,7 +88,7 @@ def test_the_writes_code_guard_fails_an_adapter_whose_preamble_pushes_the_code_p
     and its adapter writes one so long that, cut at max_tokens, half its answers never open a fence. The DiD
     on summary_first passes; the writes_code guard (on the same texts) does not."""
     from rl_core.config import Preference
-    from rl_core.simulate.features import features_of
+    from rl_core.features import features_of
 
     cfg.simulate.conventions = {"org-acme": Preference(feature="summary_first", want=True, needs="writes_code"),
                                 "org-globex": Preference(feature="summary_first", want=False, needs="writes_code")}

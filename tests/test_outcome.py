@@ -130,10 +130,10 @@ def test_an_ab_window_without_requests_logs_no_mlflow_run(cfg):
 
 
 def test_an_ab_run_is_named_like_a_cycle_run_id(registered):
+    from lab.testing import ab_synth
+    from lab.testing.ab_synth import ArmSpec
     from rl_core.ab.verdict import ab_verdict
     from rl_core.registry import store
-    from rl_core.testing import ab_synth
-    from rl_core.testing.ab_synth import ArmSpec
 
     cfg = registered
     v2 = store.register_checkpoint(cfg, store.checkpoint_path(cfg, 1), run_name="v2", tags={"run_id": "r2"})

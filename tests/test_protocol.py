@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.simulate.experiment import CycleMetrics
-from rl_core.simulate.protocol import env_of, load_protocol, markdown, plot, pooled, seed_summary, set_aside
+from lab.simulate.experiment import CycleMetrics
+from lab.simulate.protocol import env_of, load_protocol, markdown, plot, pooled, seed_summary, set_aside
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "bench/protocols/tiny.toml"
@@ -80,7 +80,7 @@ def test_seed_summary_pairs_users_and_records_every_check(cfg):
 
 
 def test_a_time_limit_is_a_check_of_each_seed(cfg):
-    from rl_core.simulate.protocol import Protocol
+    from lab.simulate.protocol import Protocol
 
     proto = load_protocol(TINY)
     timed = Protocol(**{**proto.model_dump(), "max_minutes": 60.0})
@@ -147,7 +147,7 @@ def test_tiny_protocol_runs_end_to_end_and_writes_its_summary(rtrl_home, tmp_pat
 
 
 def test_welch_difference_in_differences():
-    from rl_core.simulate.org_protocol import welch
+    from lab.simulate.org_protocol import welch
 
     w = welch([0.3, 0.2, 0.4, 0.3], [-0.2, -0.1, -0.3, -0.2])
     assert w["diff"] == pytest.approx(0.5) and w["ci_low"] > 0.3 and w["n_a"] == w["n_b"] == 4
@@ -182,8 +182,8 @@ def test_a_replay_protocol_must_be_an_orgs_protocol_with_the_replay_test(cfg, tm
 
 def test_a_seeds_test_is_logged_to_mlflow_where_operators_compare_runs(cfg):
     """The summary's numbers and checks on an MLflow run of their own: what a person compares across protocols."""
+    from lab.simulate.protocol import log_summary
     from rl_core.registry import store
-    from rl_core.simulate.protocol import log_summary
 
     s = _summary(3, [0.1, 0.2, 0.3, 0.2], commit="0123abc")
     s["orgs"] = {"did": {"diff": 0.5, "ci_low": 0.4, "ci_high": 0.7, "n_a": 16},
@@ -202,7 +202,7 @@ def test_a_seeds_test_is_logged_to_mlflow_where_operators_compare_runs(cfg):
 
 def _org_seed(seed: int, acme: list[float], globex: list[float], **checks: bool) -> dict:
     """An orgs-protocol seed summary as the replay test writes it (per-user rate changes, each org's move)."""
-    from rl_core.simulate.org_protocol import welch
+    from lab.simulate.org_protocol import welch
 
     users = {f"org-acme-u{i}": d for i, d in enumerate(acme)} | {f"org-globex-u{i}": d for i, d in enumerate(globex)}
     did = welch(acme, globex)
@@ -215,7 +215,7 @@ def _org_seed(seed: int, acme: list[float], globex: list[float], **checks: bool)
 
 
 def test_the_pooled_org_rule_pools_every_seeds_users_and_needs_every_other_check():
-    from rl_core.simulate.org_protocol import pooled_orgs
+    from lab.simulate.org_protocol import pooled_orgs
 
     # two seeds: neither excludes zero alone (4 users an org), together they do (8 an org); ids repeat across seeds
     a = _org_seed(1, [0.25, 0.5, 0.0, 0.25], [0.0, -0.25, 0.25, -0.25])
@@ -239,9 +239,9 @@ def test_the_pooled_org_rule_pools_every_seeds_users_and_needs_every_other_check
 
 
 def test_the_pooled_rule_is_one_mlflow_run_that_a_rerun_updates(cfg):
+    from lab.simulate.org_protocol import pooled_orgs
+    from lab.simulate.protocol import log_pooled
     from rl_core.registry import store
-    from rl_core.simulate.org_protocol import pooled_orgs
-    from rl_core.simulate.protocol import log_pooled
 
     a = _org_seed(1, [0.25, 0.5, 0.0, 0.25], [0.0, -0.25, 0.25, -0.25])
     first = log_pooled(cfg, pooled_orgs([a], "p", [1, 2], 0))  # one seed in: not a success yet
@@ -257,7 +257,7 @@ def test_the_pooled_rule_is_one_mlflow_run_that_a_rerun_updates(cfg):
 
 
 def test_seeds_pool_as_a_random_effect_when_they_disagree_more_than_their_users_do():
-    from rl_core.simulate.org_protocol import pooled_orgs, random_effects
+    from lab.simulate.org_protocol import pooled_orgs, random_effects
 
     # equal seeds: no between-seed variance, the fixed-effect mean, and a t on k-1 df (wider than the normal's)
     same = random_effects([0.2, 0.2, 0.2], [0.05, 0.05, 0.05])

@@ -2,7 +2,7 @@
 a baseline cycle of v1 that trains nothing, band tasks asked by simulated users, per-request outcomes and the
 per-user rate of edits persisting in the summary, guards as non-inferiority tests, old protocol files unchanged.
 
-The protocol run here is the real one (rl_core.simulate.protocol.run_seed -> run_experiment -> the simulator's
+The protocol run here is the real one (lab.simulate.protocol.run_seed -> run_experiment -> the simulator's
 users, raters and sandboxed hidden tests), with the gateway, the DAG and the judging replaced by fakes that
 answer in-process: the test is about which requests reach which cycle, not about serving or training."""
 
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.simulate import heldout, outcomes
+from lab.simulate.bank import load_bank
+from lab.simulate.experiment import CycleMetrics, Paired
+from lab.simulate.hacks import scripted_text
+from lab.simulate.protocol import Protocol, env_of, load_protocol, pooled, seed_summary
+from lab.simulate.users import Reply
 from rl_core import toolcalls
-from rl_core.simulate import heldout, outcomes
-from rl_core.simulate.bank import load_bank
-from rl_core.simulate.experiment import CycleMetrics, Paired
-from rl_core.simulate.hacks import scripted_text
-from rl_core.simulate.protocol import Protocol, env_of, load_protocol, pooled, seed_summary
-from rl_core.simulate.users import Reply
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "bench/protocols/tiny.toml"
@@ -135,9 +135,9 @@ class _BandChat:
 def _fake_stack(monkeypatch, served: list[dict]):
     """run_experiment's gateway, DAG, metrics and MLflow replaced: each cycle is only the simulator's traffic,
     which `served` records (what the DAG would have been asked to do, who asked what)."""
-    from rl_core.cycle import CycleReport
-    from rl_core.simulate import experiment, protocol
-    from rl_core.simulate.runner import SimSpec, simulate
+    from lab.cycle import CycleReport
+    from lab.simulate import experiment, protocol
+    from lab.simulate.runner import SimSpec, simulate
 
     bank = heldout.load_named_bank(BAND, [])
 
@@ -172,7 +172,7 @@ def _fake_stack(monkeypatch, served: list[dict]):
 @pytest.mark.timeout(600)
 def test_held_out_tasks_and_new_users_reach_only_the_measured_cycle_and_its_v1_baseline(
         cfg, tmp_path, monkeypatch):
-    from rl_core.simulate.protocol import run_seed
+    from lab.simulate.protocol import run_seed
 
     path = _write(tmp_path, f'bank = "{BAND}"\nheldout = 0.25\nbaseline = true\nnew_users = true\nrate_share = 0.3\n'
                             'flip = 0.15\nnoninferior = ["dissatisfied_rate", "writes_code"]\nguard_tolerance = 0.5\n')
@@ -267,9 +267,9 @@ def test_the_primary_can_be_the_feature_rate_measured_from_the_answers(cfg):
 
 
 def test_the_replay_guard_can_be_a_non_inferiority_test_and_always_reports_one(cfg):
+    from lab.simulate.org_protocol import replay_summary
+    from lab.simulate.replay import Answer
     from rl_core.config import Preference
-    from rl_core.simulate.org_protocol import replay_summary
-    from rl_core.simulate.replay import Answer
 
     cfg.simulate.conventions = {"org-acme": Preference(feature="prose_after_code", want=True),
                                 "org-globex": Preference(feature="prose_after_code", want=False)}

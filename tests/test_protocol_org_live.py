@@ -1,4 +1,4 @@
-"""An organisations protocol measured live with a control arm in each org (rl_core/simulate/org_live.py): the DiD
+"""An organisations protocol measured live with a control arm in each org (lab/simulate/org_live.py): the DiD
 whose drift cancels within each org, its SE, the per-org A/B and the guard in the summary and the report, the pooled
 rule over seeds, the measured cycles' own size, and the registered org-conventions-v13-live file.
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from lab.simulate import heldout, org_live
+from lab.simulate.experiment import CycleMetrics
+from lab.simulate.org_protocol import pooled_orgs, random_effects, welch
+from lab.simulate.protocol import load_protocol, markdown, seed_summary
 from rl_core.ab.result import MetricResult, OrgABResult
 from rl_core.config import Preference
-from rl_core.simulate import heldout, org_live
-from rl_core.simulate.experiment import CycleMetrics
-from rl_core.simulate.org_protocol import pooled_orgs, random_effects, welch
-from rl_core.simulate.protocol import load_protocol, markdown, seed_summary
 
 REPO = Path(__file__).resolve().parent.parent
 V13 = REPO / "bench/protocols/org-conventions-v13-live.toml"
@@ -178,7 +178,7 @@ def test_the_summary_carries_the_per_org_ab_the_did_and_the_guards_and_the_repor
 
 
 def test_the_guards_are_judged_over_every_seed_and_an_adapter_rolled_back_twice_fails_the_rule(cfg, monkeypatch):
-    from rl_core.simulate.protocol import _pool
+    from lab.simulate.protocol import _pool
 
     proto = load_protocol(V13)
     back = {"org-acme": "promote", "org-globex": "rollback"}
@@ -228,8 +228,8 @@ def test_the_measured_cycles_can_serve_more_users_than_the_trained_one(cfg):
     assert [(p.role, p.n_users, p.interactions) for p in plans] == [
         ("baseline", 96, 384), ("train", None, None), ("measured", 96, 384)]
     assert record["measure_users"] == 96 and record["measure_interactions"] == 384
+    from lab.simulate.personas import make_users, orgs_from_config
     from rl_core.config import load_config
-    from rl_core.simulate.personas import make_users, orgs_from_config
 
     orgs = orgs_from_config(load_config())
     trained = heldout.users_of(plans[1], 24, orgs, 47)
@@ -252,8 +252,8 @@ def test_the_registered_protocol_loads_freezes_v10s_training_and_uses_fresh_seed
     used = {k for p in (REPO / "bench/protocols").glob("*.toml") if p != V13
             for k in tomllib.loads(p.read_text())["protocol"]["seeds"]}
     assert not set(proto.seeds) & used
+    from lab.simulate.protocol import env_of
     from rl_core.config import load_config
-    from rl_core.simulate.protocol import env_of
 
     run = load_config(environ=env_of(proto, proto.seeds[0]))
     assert run.orgs.ab_share == 0.5 and run.ab.guardrail_margins == {"dissatisfied_rate": 0.10}

@@ -6,13 +6,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from lab.testing.synth import ArmSpec, Defects, generate, window
 from rl_core.cli import main
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.quality import gate_episodes, gate_raw, gate_rewards
 from rl_core.reports import GateFailed, read_verdict
 from rl_core.rewards import score_run
-from rl_core.testing.synth import ArmSpec, Defects, generate, window
 
 START, END = window(hours=2)
 KNOWN = [1, 2]

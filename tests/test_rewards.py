@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from lab.testing.synth import ArmSpec, feedback_row, generate, interaction_row, window
 from rl_core.cli import main
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
@@ -18,7 +19,6 @@ from rl_core.rewards.followup import evaluate
 from rl_core.rewards.monitors import run_monitors, version_rates
 from rl_core.rewards.scorers import is_clarifying, is_empty_or_refusal
 from rl_core.schema import to_table
-from rl_core.testing.synth import ArmSpec, feedback_row, generate, interaction_row, window
 
 START, END = window()
 DATA = Path(__file__).parent / "data" / "followups.jsonl"

@@ -88,14 +88,15 @@ PROBE = textwrap.dedent("""
     from rtrl_operators import DeepSpeedLaunchOperator
 
     op = DeepSpeedLaunchOperator(task_id="t", rtrl_run_id="r", base_version=1)
-    warm = lambda: sorted(m for m in sys.modules if m in ("rl_core.warm", "rl_core.runtime.warm"))
+    warm = lambda: sorted(m for m in sys.modules if m in ("rl_core.warm", "lab.warm"))
     rc = op.run_streaming([sys.executable, "-c", "print('trained')"], 60)  # a task's job, no warm server named
     seen = {"parse_and_task": warm(), "rc": rc}
     from rl_core.runtime import SOCKET_ENV
 
-    op.env = {SOCKET_ENV: "/nonexistent/sock"}  # the control: naming a warm server does load it
-    op.run_streaming([sys.executable, "-c", "print('trained')"], 60)
-    print(json.dumps(seen | {"with_socket": warm()}))
+    op.env = {SOCKET_ENV: "/nonexistent/sock"}  # a socket named, no launcher installed: still a plain process
+    seen |= {"with_socket": warm(), "rc_socket": op.run_streaming([sys.executable, "-c", "print('trained')"], 60)}
+    import lab.warm  # the control: the check sees the module once it is loaded
+    print(json.dumps(seen | {"control": warm()}))
 """)
 
 
@@ -114,4 +115,5 @@ def test_parsing_the_dag_and_running_a_task_never_import_the_warm_server(rtrl_ho
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["parse_and_task"] == [] and seen["rc"] == 0
-    assert seen["with_socket"] == ["rl_core.runtime.warm"]  # the check can see it when it is loaded
+    assert seen["with_socket"] == [] and seen["rc_socket"] == 0
+    assert seen["control"] == ["lab.warm"]  # the check can see it when it is loaded

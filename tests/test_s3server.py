@@ -1,4 +1,4 @@
-"""The stack's S3 endpoint (rl_core/stack/s3server.py): moto's server with its whole-object copies streamed.
+"""The stack's S3 endpoint (lab/stack/s3server.py): moto's server with its whole-object copies streamed.
 
 A real server process driven by s3fs (the lake's own client): a multipart upload, s3fs's `mv` (a copy) and
 ranged reads return the bytes written. In-process, the three paths allocate less than the object's size,
@@ -25,7 +25,7 @@ MB = 2**20
 def server(tmp_path_factory):
     port, spool = procs.free_port(), tmp_path_factory.mktemp("s3spool")
     endpoint, log = f"http://127.0.0.1:{port}", spool / "s3server.log"
-    proc = procs.start([sys.executable, "-m", "rl_core.stack.s3server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = procs.start([sys.executable, "-m", "lab.stack.s3server", "-H", "127.0.0.1", "-p", str(port)],
                        {**os.environ, "TMPDIR": str(spool)}, log)
     procs.wait_http(f"{endpoint}/moto-api/", 60, proc, log)  # the stack's own health check
     s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="k", aws_secret_access_key="s",
@@ -61,7 +61,7 @@ def test_the_whole_object_paths_allocate_less_than_the_object():
     from moto.s3.models import s3_backends
     from moto.s3.utils import compute_checksum
 
-    from rl_core.stack.s3server import patch
+    from lab.stack.s3server import patch
 
     patch()
     size, part = 96 * MB, 6 * MB

@@ -14,9 +14,9 @@ def test_long_lived_gateway_follows_aliases_and_seals_its_wal(registered, tmp_pa
     import openai
     import pyarrow.parquet as pq
 
+    from lab.cycle import airflow_env
     from rl_core.collect.compact import compact
     from rl_core.collect.wal import open_segments
-    from rl_core.cycle import airflow_env
     from rl_core.lake import Lake
     from rl_core.registry import store
     from rl_core.runtime.procs import stop

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_core.simulate.experiment import CURVES, Paired, paired
+from lab.simulate.experiment import CURVES, Paired, paired
 
 
 def test_paired_interval_is_a_paired_t_interval():
@@ -57,8 +57,8 @@ def test_experiment_two_cycles_logs_learning_curves(rtrl_home, tmp_path, monkeyp
 
 
 def test_train_base_is_the_champion_or_the_deployed_challenger(registered):
+    from lab.simulate.experiment import train_base
     from rl_core.registry import store
-    from rl_core.simulate.experiment import train_base
 
     cfg = registered
     assert train_base(cfg, "champion") is None  # the DAG's default: its champion
@@ -69,7 +69,7 @@ def test_train_base_is_the_champion_or_the_deployed_challenger(registered):
 
 
 def test_curves_plot_and_table_show_every_curve_including_a_failed_cycle(cfg, tmp_path):
-    from rl_core.simulate.experiment import CycleMetrics, markdown, plot
+    from lab.simulate.experiment import CycleMetrics, markdown, plot
 
     ok = CycleMetrics(1, "cycle-a", 0, 96, 96, -1.2, 0.04, 0.0, 0.0, 0.0, 0.016, 2, {"champion": 1, "challenger": 2},
                       {"1": 96}, no_edit_rate=0.31)

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pyarrow.compute as pc
 import pytest
 
+from lab.simulate.runner import SimSpec, simulate
 from rl_core.lake import Lake
 from rl_core.schema import now_utc
-from rl_core.simulate.runner import SimSpec, simulate
 
 
 @pytest.fixture

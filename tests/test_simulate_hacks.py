@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from lab.simulate.scenario import run_scenario
 from rl_core.registry import store
-from rl_core.simulate.scenario import run_scenario
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Sparse, noisy raters (rl_core/simulate/raters.py): the configured shares over many draws, the same draws for
+"""Sparse, noisy raters (lab/simulate/raters.py): the configured shares over many draws, the same draws for
 the same user seed, nothing drawn by an exact rater, and in a whole simulation only the thumbs change."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from datetime import UTC, datetime
 
 import pytest
 
+from lab.simulate import feedback as fb
+from lab.simulate import heldout
+from lab.simulate.bank import load_bank
+from lab.simulate.hacks import scripted_text, task_of
+from lab.simulate.raters import Rater, rater_for
+from lab.simulate.runner import SimSpec, simulate
+from lab.simulate.users import Reply
 from rl_core import toolcalls
-from rl_core.simulate import feedback as fb
-from rl_core.simulate import heldout
-from rl_core.simulate.bank import load_bank
-from rl_core.simulate.hacks import scripted_text, task_of
-from rl_core.simulate.raters import Rater, rater_for
-from rl_core.simulate.runner import SimSpec, simulate
-from rl_core.simulate.users import Reply
 
 BANK = load_bank()
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from evals.judge import judge
+from lab.simulate import feedback as fb
+from lab.simulate.bank import load_bank, tasks_for
+from lab.simulate.hacks import scripted_text, task_of
+from lab.simulate.personas import PERSONAS, Org, User, make_users
+from lab.simulate.runner import SimSpec, budgets, check_loopback, simulate
+from lab.simulate.users import TEST_LIMITS, Reply, run_session
 from rl_core import toolcalls
-from rl_core.simulate import feedback as fb
-from rl_core.simulate.bank import load_bank, tasks_for
-from rl_core.simulate.hacks import scripted_text, task_of
-from rl_core.simulate.personas import PERSONAS, Org, User, make_users
-from rl_core.simulate.runner import SimSpec, budgets, check_loopback, simulate
-from rl_core.simulate.users import TEST_LIMITS, Reply, run_session
 
 BANK = load_bank()
 ACME = Org("org-acme", "rtrl-acme-token", "type_hints")
@@ -205,7 +205,7 @@ def test_runner_respects_count_rate_concurrency_and_time(cfg):
 
 
 def test_rate_limit_holds_with_the_gateway_chat(cfg):
-    from rl_core.simulate.runner import RateLimiter
+    from lab.simulate.runner import RateLimiter
 
     lim = RateLimiter(50.0)
     t0 = time.monotonic()
@@ -229,7 +229,7 @@ def test_bad_input_is_refused_naming_the_field(cfg):
 
 
 def test_request_attaches_the_task_files_as_fenced_code_then_asks():
-    from rl_core.simulate.users import request_text
+    from lab.simulate.users import request_text
 
     t = task("sim-add")
     for persona in ("patient", "terse"):

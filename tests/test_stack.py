@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from lab.stack.cli import down, running, status, up
+from lab.stack.parts import LAKE_BUCKET, MLFLOW_BUCKET, PARTS, Ports, Stack
 from rl_core.runtime.procs import environ
-from rl_core.stack.cli import down, running, status, up
-from rl_core.stack.parts import LAKE_BUCKET, MLFLOW_BUCKET, PARTS, Ports, Stack
 
 HAVE = bool(glob.glob("/usr/lib/postgresql/*/bin/postgres") or shutil.which("postgres")) and bool(
     shutil.which("redis-server"))
@@ -138,8 +138,8 @@ def test_up_is_idempotent_and_every_part_is_healthy(stack, capsys):
 def serve_and_drive(cfg, log_dir):
     """The gateway (`rtrl serve`) and simulated users over HTTP; its write-ahead log compacted into the S3
     lake; returns the gateway, its URL and the window the traffic fell in."""
+    from lab.cycle import drive_traffic
     from rl_core.collect.compact import compact
-    from rl_core.cycle import drive_traffic
     from rl_core.lake import Lake
     from rl_core.serving import gateway as gw
     from rl_core.window import Window, run_id_for
@@ -173,8 +173,8 @@ def scheduled(stack, api) -> dict:
 
 
 def synth(cfg, start: datetime, seed: int) -> None:
+    from lab.testing.synth import ArmSpec, generate
     from rl_core.lake import Lake
-    from rl_core.testing.synth import ArmSpec, generate
 
     generate(24, start, start + timedelta(hours=cfg.airflow.schedule_hours), seed=seed, lake=Lake(cfg.lake_root),
              orgs=tuple(cfg.simulate.orgs), arms=(ArmSpec(name="champion", model_version=1, share=1.0),),

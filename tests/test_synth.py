@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
+from lab.testing.synth import ArmSpec, Defects, generate, window
 from rl_core.lake import Lake
-from rl_core.testing.synth import ArmSpec, Defects, generate, window
 
 START, END = window(hours=3)
 

@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from lab.testing import synthetic
 from rl_core.config import TrainConfig
 from rl_core.lake import Lake
-from rl_core.testing import synthetic
 from rl_core.train.advantages import compute_advantages
 from rl_core.train.data import DataError, build_samples, collate, load_samples, plan_batches, to_tensors
 

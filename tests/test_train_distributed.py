@@ -11,10 +11,10 @@ import json
 import pytest
 from safetensors.torch import load_file
 
+from lab.testing import synthetic
 from rl_core.lake import lake_from_config
 from rl_core.registry import store
 from rl_core.reports import GateFailed, read_verdict
-from rl_core.testing import synthetic
 from rl_core.train.launch import TrainFailed, train
 from rl_core.train.trainer import FAULT_ENV
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from lab.testing import synthetic
 from rl_core.cli import main
 from rl_core.lake import lake_from_config
 from rl_core.registry import store
 from rl_core.reports import read_verdict
-from rl_core.testing import synthetic
 from rl_core.train.data import DataError
 from rl_core.train.launch import TrainFailed, TrainSummary, build_command, check, train
 

@@ -12,10 +12,10 @@ import math
 
 import pytest
 
+from lab.testing import synthetic
 from rl_core.lake import lake_from_config
 from rl_core.registry import store
 from rl_core.reports import read_verdict
-from rl_core.testing import synthetic
 from rl_core.train.launch import train
 
 

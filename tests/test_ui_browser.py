@@ -56,7 +56,7 @@ def browser(tmp_path):
 @pytest.mark.slow  # ~1 min: MLflow's UI server starts in ~20-40 s here
 @needs_chromium
 def test_mlflow_compare_view_shows_reward_kl_eval_deltas_and_parent(registered, tiny_checkpoint, tmp_path, browser):
-    from rl_core.cycle import start_mlflow
+    from lab.cycle import start_mlflow
     from rl_core.registry import store
     from rl_core.registry.register import register_run
     from rl_core.runtime.procs import free_port, stop

@@ -1,4 +1,4 @@
-"""The warm server (rl_core/runtime/warm.py): jobs forked from a process with the heavy modules already imported
+"""The warm server (lab/warm.py): jobs forked from a process with the heavy modules already imported
 behave like `python -m` subprocesses (exit code, output, environment, working directory, kill), refuse an
 environment the preload has already read, and carry a real training run."""
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rl_core.runtime import warm
+from lab import warm
 
 PROBE = textwrap.dedent("""
     import os, sys
@@ -181,9 +181,9 @@ def test_a_training_run_forked_from_the_warm_server_matches_a_fresh_process(regi
     (same seeded data, same loss and KL at every step): the preload leaves no state behind that matters."""
     import json
 
+    from lab.testing import synthetic
     from rl_core.lake import lake_from_config
     from rl_core.registry import store
-    from rl_core.testing import synthetic
     from rl_core.train.launch import train
 
     cfg = registered

@@ -11,7 +11,7 @@ ones and harvest the same turns twice. Here every interval is [anchor + k*period
 - a manual run with a logical date and no data interval of its own: the latest complete grid interval ending at
   or before that date (a trigger that names its data interval, UI "Specify Manually" or REST
   data_interval_start/_end, keeps it: Airflow does not ask the timetable then);
-- `dag.test()` of a DAG object whose timetable has `manual_window` set (rl_core.cycle.dag_test, `rtrl cycle`'s
+- `dag.test()` of a DAG object whose timetable has `manual_window` set (lab.cycle.dag_test, `rtrl cycle`'s
   in-process path): exactly that window, since `dag.test()` can only infer its run's data interval.
 
 A custom timetable must be registered by a plugin under the same import path the DAG uses
@@ -45,7 +45,7 @@ class GridTimetable(Timetable):
     """Data intervals of `hours` hours on the grid anchored at `anchor` (UTC)."""
 
     periodic = True
-    # Set only on a DAG object about to run `dag.test()` in this process (rl_core.cycle.dag_test): that run's data
+    # Set only on a DAG object about to run `dag.test()` in this process (lab.cycle.dag_test): that run's data
     # interval, which dag.test() can only ask the timetable for. Not serialized: no scheduler ever sees it.
     manual_window: tuple[datetime, datetime] | None = None
 

@@ -13,7 +13,6 @@ version is deleted; the weights hash in the name keeps a name from ever meaning 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 from rl_core.config import Config
@@ -22,31 +21,16 @@ from rl_core.lake import Lake
 from rl_core.orgs.pipeline import check_org, org_run_id
 from rl_core.pipeline import ADAPTER_VERDICTS
 from rl_core.registry import promote, register, store
+from rl_core.registry.adapters import (  # noqa: F401 (the org side's names, re-exported)
+    ADAPTER_PREFIX,
+    LIVE_ALIAS,
+    AdapterVersion,
+    adapter_config,
+    adapter_model_name,
+    live_adapter,
+    newest_adapter,
+)
 from rl_core.reports import read_verdicts
-
-ADAPTER_PREFIX = "rtrl-adapter-"
-LIVE_ALIAS = "live"
-
-
-@dataclass
-class AdapterVersion:
-    org_id: str
-    model_name: str
-    version: int
-    adapter_version: str  # the never-reused serving name
-    path: str
-    base_version: int = 0  # the rtrl-policy version it was trained on (and must be served on)
-
-
-def adapter_model_name(org_id: str) -> str:
-    return f"{ADAPTER_PREFIX}{org_id}"
-
-
-def adapter_config(cfg: Config, org_id: str) -> Config:
-    """cfg whose registry helpers (rl_core.registry.store) address the org's adapter model."""
-    c = cfg.model_copy(deep=True)
-    c.mlflow.model_name = adapter_model_name(org_id)
-    return c
 
 
 def weights_digest(adapter_dir: Path) -> str:
@@ -103,26 +87,6 @@ def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
         return False
     promote.point(adapter_config(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
     return True
-
-
-def live_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
-    """The adapter serving org_id now (alias `live`), or None: what the gateway asks per org."""
-    acfg = adapter_config(cfg, org_id)
-    version = store.version_for_alias(acfg, LIVE_ALIAS)
-    return None if version is None else _adapter(acfg, org_id, version)
-
-
-def newest_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
-    """The org's newest registered adapter, live or not (one its gates refused included), or None."""
-    acfg = adapter_config(cfg, org_id)
-    versions = store.known_versions(acfg)
-    return _adapter(acfg, org_id, max(versions)) if versions else None
-
-
-def _adapter(acfg: Config, org_id: str, version: int) -> AdapterVersion:
-    mv = store.get_version(acfg, version)
-    return AdapterVersion(org_id, acfg.mlflow.model_name, version, mv.tags.get("adapter_version", ""),
-                          str(store.checkpoint_path(acfg, version)), int(mv.tags.get("parent_version", 0)))
 
 
 # --- an org A/B's decision (rl_core/ab/org.py judges; these record it, and promote.py moves the alias) -------------

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
 from rl_core.registry import drift, store
+from rl_core.registry.adapters import LIVE_ALIAS, adapter_config, live_adapter
 from rl_core.reports import Verdict
 
 ROLLED_BACK = "rolled_back"  # version tag: set when a version is removed from an alias by a rollback
@@ -87,9 +88,6 @@ def take_off_tripped(cfg: Config, verdict: Verdict, dry_run: bool = False) -> st
 
 def _take_off_adapter(cfg: Config, verdict: Verdict, tripped: dict, dry_run: bool) -> list[str]:
     """The org's `live` alias removed when it still names the tripped adapter (tagged rolled_back)."""
-    # lazy: circular (orgs.registry <-> registry.promote)
-    from rl_core.orgs.registry import live_adapter
-
     name, org = tripped["adapter_version"], tripped["org_id"]
     live = live_adapter(cfg, org)
     if live is None or live.adapter_version != name:
@@ -105,8 +103,6 @@ def take_off_adapter(cfg: Config, org_id: str, adapter_version: str, reason: str
     """The org's `live` alias removed if it still names adapter_version (a monitors trip, an org A/B rollback), its
     version tagged rolled_back: the org's base version answers it again. Returns that version, None when the alias
     named another adapter (or none): nothing moves."""
-    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter  # lazy: circular (as above)
-
     live = live_adapter(cfg, org_id)
     if live is None or live.adapter_version != adapter_version:
         return None

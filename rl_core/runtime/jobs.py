@@ -1,6 +1,8 @@
 """Run one job (the trainer, `rtrl train`) with its output streamed line by line and a deadline on its whole
-process group. The job is a warm fork when the environment names a warm server (rl_core/runtime/warm.py, dev
-only), else a fresh process; both run in their own session, so one kill reaches every rank they started.
+process group. The job is a fresh process in its own session, so one kill reaches every rank it started.
+
+A process may install another launcher (`use_launcher`): the lab's warm fork server (lab/warm.py) installs its
+own before it forks, so the DAG runs it forks start their trainers warm too. The product never imports it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rl_core.runtime import SOCKET_ENV
 from rl_core.runtime.procs import stop_group
 
-if TYPE_CHECKING:
-    from rl_core.runtime.warm import WarmPopen
+# (cmd, env, cwd, **popen_kw) -> a Popen-like handle (pid, stdout, wait, poll); None: subprocess.Popen
+Launcher = Callable[..., Any]
+_launcher: Launcher | None = None
 
 
 @dataclass
@@ -27,19 +30,23 @@ class Streamed:
     timed_out: bool
 
 
-def _popen(cmd: list[str], env: dict[str, str], cwd: str | Path, **kw) -> subprocess.Popen | WarmPopen:
-    """A fresh process in its own session; a warm fork only when env names a warm server."""
-    if env.get(SOCKET_ENV):
-        from rl_core.runtime import warm  # lazy: dev-only warm server, kept out of the DAG's imports
+def use_launcher(launcher: Launcher | None) -> None:
+    """Start this process's jobs (and its forks') with launcher when their env names a warm socket."""
+    global _launcher
+    _launcher = launcher
 
-        return warm.popen(cmd, env, cwd, **kw)
+
+def _popen(cmd: list[str], env: dict[str, str], cwd: str | Path, **kw) -> Any:
+    """A fresh process in its own session; the installed launcher's when there is one and env names its socket."""
+    if _launcher is not None and env.get(SOCKET_ENV):
+        return _launcher(cmd, env, cwd, **kw)
     return subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True, **kw)
 
 
 def run_streamed(cmd: list[str], env: dict[str, str], cwd: str | Path, on_line: Callable[[str], None],
                  timeout_s: float, *, grace_s: float = 0.0, tail_lines: int = 40,
-                 on_start: Callable[[subprocess.Popen | WarmPopen], None] | None = None) -> Streamed:
-    """Run cmd as a job (warm when env names a server), hand each output line to on_line as it arrives, and
+                 on_start: Callable[[Any], None] | None = None) -> Streamed:
+    """Run cmd as a job (by the installed launcher when env names its socket), hand each output line to on_line as it arrives, and
     stop its whole process group: at the deadline (SIGTERM, SIGKILL grace_s later; at once with 0), when
     the caller is interrupted, and after it exits (no orphan ranks). Both trainer launchers use it: `rtrl
     train`'s and the DAG's DeepSpeedLaunchOperator. Only this thread waits on the job: a WarmPopen reads

@@ -8,7 +8,7 @@ small and a crashed or killed update cannot take the scheduler's worker down wit
   inline     one child process with RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR/PORT (fastest start; also
              what `deepspeed` with num_procs = 1 and no hostfile runs)
 A one-process launch is forked from a warm server when RTRL_WARM_SOCKET names one (`rtrl experiment` starts
-it, rl_core/runtime/warm.py): the same command, without ~7 s of torch/DeepSpeed/transformers imports.
+it, lab/warm.py): the same command, without ~7 s of torch/DeepSpeed/transformers imports.
 It writes runs/<run_id>/train/summary.json and the verdict "train" (loss finite, KL <= gates.kl_max, at
 least one optimizer step), raises TrainFailed when the workers fail and GateFailed when the verdict does.
 Rerunning a finished run with the same inputs returns its summary without training again; rerunning a

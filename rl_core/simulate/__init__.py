@@ -1,2 +1,0 @@
-"""Simulated traffic: users that drive the real HTTP API. Raw events written straight into the lake at any volume
-(tests, benchmarks, A/B analysis) come from rl_core.testing.synth, which does not ship."""
