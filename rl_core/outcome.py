@@ -30,8 +30,8 @@ from typing import Any
 from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
 from rl_core.lake import Lake
-from rl_core.pipeline import CYCLE
 from rl_core.reports import Verdict, read_verdicts
+from rl_core.stages import CYCLE
 
 FAILED = ("failed", "upstream_failed")
 # The verdict a task writes, where its name is not the task's (the others: the same name).

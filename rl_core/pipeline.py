@@ -20,6 +20,7 @@ from typing import Any
 
 from rl_core.config import Config
 from rl_core.reports import GateFailed, Verdict
+from rl_core.stages import ADAPTER_VERDICTS, BEFORE_TRAIN, CYCLE, REQUIRED_VERDICTS  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,6 @@ GATES: tuple[Gate, ...] = (
     Gate("gate_promotion", "rl_core.registry.gate:decide", ("run_id",)),
 )
 BY_NAME = {g.name: g for g in GATES}
-
-# The cycle in order (the DAG's task ids without their groups): stages and, between them, the gates above.
-CYCLE = ("window", "served", "monitors", "rollback", "ab_verdict", "plan", "part", "harvest", "gate_raw",
-         "exclude", "gate_episodes", "score", "gate_rewards", "train", "evaluate", "register", "gate_promotion", "deploy",
-         "outcome")  # outcome: all_done, the run's one-line outcome (rl_core/outcome.py)
-# What must have judged a run, and passed, before its checkpoint may serve anyone.
-REQUIRED_VERDICTS = ("gate_raw", "gate_episodes", "gate_rewards", "monitors", "train", "eval")
-# An org adapter: the same, and no regression on the org's own tasks.
-ADAPTER_VERDICTS = (*REQUIRED_VERDICTS, "eval_org")
-# The checks before an update (the org path runs them on its org's run, after its harvest and scoring).
-BEFORE_TRAIN = ("gate_raw", "gate_episodes", "gate_rewards", "monitors")
-
 
 def check_dag(dag: Any) -> None:
     """The DAG's tasks (group prefixes dropped) are CYCLE's, each downstream of the one before it in CYCLE;

@@ -19,7 +19,6 @@ from rl_core.config import Config
 from rl_core.ids import check_org_id
 from rl_core.lake import Lake
 from rl_core.orgs.pipeline import check_org, org_run_id
-from rl_core.pipeline import ADAPTER_VERDICTS
 from rl_core.registry import promote, register, store
 from rl_core.registry.adapters import (  # noqa: F401 (the org side's names, re-exported)
     ADAPTER_PREFIX,
@@ -31,6 +30,7 @@ from rl_core.registry.adapters import (  # noqa: F401 (the org side's names, re-
     newest_adapter,
 )
 from rl_core.reports import read_verdicts
+from rl_core.stages import ADAPTER_VERDICTS
 
 
 def weights_digest(adapter_dir: Path) -> str:

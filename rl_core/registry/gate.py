@@ -13,8 +13,8 @@ import math
 
 from rl_core.config import Config
 from rl_core.lake import Lake
-from rl_core.pipeline import REQUIRED_VERDICTS
 from rl_core.reports import GateFailed, Verdict, read_verdicts, write_verdict
+from rl_core.stages import REQUIRED_VERDICTS
 
 NAME = "promotion"
 LOSS_KEYS = ("loss", "final_loss", "mean_loss")
