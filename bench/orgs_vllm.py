@@ -88,7 +88,7 @@ def setup(home: Path, env: dict[str, str], orgs: list[str]):
     from rl_core.config import load_config
     from rl_core.init import init
     from rl_core.models import cache_dir, convert_smollm2
-    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, register_adapter_folder
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, register_adapter_folder
     from rl_core.registry import store
 
     os.environ.update(env)
@@ -100,7 +100,7 @@ def setup(home: Path, env: dict[str, str], orgs: list[str]):
     for i, org in enumerate(orgs):
         av = register_adapter_folder(cfg, org, make_adapter(base, home / "adapters" / org, i),
                                      {"parent_version": 1, "run_id": f"bench-{org}"})
-        store.set_alias(adapter_config(cfg, org), LIVE_ALIAS, av.version, reason="bench")
+        store.set_alias(adapter_registry(cfg, org), LIVE_ALIAS, av.version, reason="bench")
     return cfg
 
 

@@ -53,16 +53,16 @@ def test_an_adapter_answering_like_its_version_passes(cfg):
 
 
 def test_the_rollback_takes_a_tripped_live_adapter_off_its_orgs_traffic(registered, tmp_path):
-    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter, register_adapter_folder
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, live_adapter, register_adapter_folder
     from rl_core.registry import promote, store
 
     cfg = registered
     folder = tmp_path / "adapter"
     folder.mkdir()
-    (folder / "adapter_config.json").write_text(json.dumps({"r": 4}))
+    (folder / "adapter_registry.json").write_text(json.dumps({"r": 4}))
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
     av = register_adapter_folder(cfg, "org-acme", folder, {"parent_version": 1, "run_id": "manual"})
-    acfg = adapter_config(cfg, "org-acme")
+    acfg = adapter_registry(cfg, "org-acme")
     store.set_alias(acfg, LIVE_ALIAS, av.version, reason="test: live")
     window_with_adapter(cfg, av.adapter_version)
     v = run_monitors(cfg, "run-a", parent_version=1)

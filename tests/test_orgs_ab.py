@@ -24,7 +24,7 @@ from rl_core.lake import Lake
 from rl_core.orgs.registry import (
     LIVE_ALIAS,
     AdapterVersion,
-    adapter_config,
+    adapter_registry,
     live_adapter,
     register_adapter_folder,
 )
@@ -144,7 +144,7 @@ def test_a_share_of_the_orgs_users_gets_the_adapter_on_the_real_serving_path(reg
     cfg.orgs.ab_share = 0.5
     av = register_adapter_folder(cfg, "org-acme", make_adapter(store.checkpoint_path(cfg, 1), tmp_path / "a1", 1),
                                  {"parent_version": 1, "run_id": "manual-a1"})
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
+    store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
     users = [f"dev-{i}" for i in range(10)]
     want = {u: in_adapter_arm("org-acme", u, 0.5) for u in users}
     assert 0 < sum(want.values()) < len(users)  # both arms among these users
@@ -178,7 +178,7 @@ def _adapter_folder(tmp_path, name: str):
 def test_rtrl_ab_org_judges_reports_and_applies(cfg, tmp_path, capsys, monkeypatch):
     from rl_core.cli import main
 
-    acfg = adapter_config(cfg, "org-acme")
+    acfg = adapter_registry(cfg, "org-acme")
     av = register_adapter_folder(cfg, "org-acme", _adapter_folder(tmp_path, "a1"),
                                  {"parent_version": 1, "run_id": "manual-a1"})
     store.set_alias(acfg, LIVE_ALIAS, av.version, reason="test")

@@ -97,13 +97,13 @@ def test_each_run_judges_every_live_adapter_and_rolls_back_a_worse_one(af_db, tm
     from test_orgs_ab import _adapter_folder, org_log, write
 
     from lab.testing.ab_synth import ArmSpec
-    from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, live_adapter, register_adapter_folder
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, live_adapter, register_adapter_folder
     from rl_core.registry import store
 
     cfg = af_db
     av = register_adapter_folder(cfg, "org-acme", _adapter_folder(tmp_path, "a1"),
                                  {"parent_version": 1, "run_id": "manual-a1"})
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
+    store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
     write(Lake(cfg.lake_root), "acme", *org_log("org-acme", av.adapter_version, ArmSpec(1, dissatisfied=0.10),
                                                 ArmSpec(1, dissatisfied=0.25), 6_000, 600, seed=43, start=START,
                                                 end=END))
@@ -119,4 +119,4 @@ def test_each_run_judges_every_live_adapter_and_rolls_back_a_worse_one(af_db, tm
     assert states[("org_targets", -1)] == "success" and states[("report", -1)] == "success", states
     assert [(j["org"], j["decision"], j["action"]) for j in judged] == [("org-acme", "rollback", "rollback")], judged
     assert live_adapter(cfg, "org-acme") is None, "the worse adapter is off acme's traffic"
-    assert store.get_version(adapter_config(cfg, "org-acme"), av.version).tags["rolled_back"] == "true"
+    assert store.get_version(adapter_registry(cfg, "org-acme"), av.version).tags["rolled_back"] == "true"

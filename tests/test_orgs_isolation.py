@@ -20,7 +20,7 @@ from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.orgs.branch import adapt_org, org_targets
 from rl_core.orgs.pipeline import OrgError, eligible_orgs, org_run_id, prepare_org
-from rl_core.orgs.registry import adapter_config, adapter_model_name, live_adapter, register_adapter
+from rl_core.orgs.registry import adapter_model_name, adapter_registry, live_adapter, register_adapter
 from rl_core.reports import read_verdicts
 from rl_core.schema import to_table
 from rl_core.train.launch import TrainSummary
@@ -131,7 +131,7 @@ def test_org_adapter_end_to_end_and_isolation(registered):
     out = adapt_org(cfg, START, END, 1, RUN, "org-b")  # what the DAG's mapped task runs per org
     summary = TrainSummary.model_validate(Lake(cfg.lake_root).read_json(f"runs/{b_run}/train/summary.json"))
     assert summary.status == "ok" and summary.steps == out["train_steps"] >= 1
-    assert Path(summary.adapter, "adapter_config.json").is_file() and out["episodes"] == 12
+    assert Path(summary.adapter, "adapter_registry.json").is_file() and out["episodes"] == 12
     av = register_adapter(cfg, RUN, "org-b")  # idempotent: the version adapt_org registered
     assert (av.version, av.adapter_version) == (out["version"], out["adapter_version"])
     assert av.model_name == adapter_model_name("org-b") and av.adapter_version.startswith(f"org-b-v{av.version}-")
@@ -146,7 +146,7 @@ def test_org_adapter_end_to_end_and_isolation(registered):
     # B's MLflow version and runs: org lineage, nothing of A
     needles = [MARKER, *ids["org-a"]]
     c = MlflowClient(tracking_uri=cfg.tracking_uri, registry_uri=cfg.tracking_uri)
-    mv = store.get_version(adapter_config(cfg, "org-b"), av.version)
+    mv = store.get_version(adapter_registry(cfg, "org-b"), av.version)
     assert mv.tags["org_id"] == "org-b" and mv.tags["kind"] == "org_adapter" and mv.tags["run_id"] == b_run
     assert mv.tags["parent_version"] == "1" and mv.tags["episodes"] == "12"
     run = c.get_run(mv.run_id)

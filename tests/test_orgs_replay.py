@@ -10,7 +10,7 @@ from test_orgs_serving import make_adapter
 
 from lab.simulate.org_protocol import replay_summary
 from lab.simulate.replay import Answer, Request, logged_requests, replay, sample_batched, sample_seed
-from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, register_adapter_folder
+from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, register_adapter_folder
 from rl_core.registry import store
 
 
@@ -138,7 +138,7 @@ def test_logged_requests_replay_to_the_base_and_to_the_orgs_adapter(registered, 
     for org, folder in (("org-acme", make_adapter(base, tmp_path / "org-acme", 0)),
                         ("org-globex", identity_adapter(base, tmp_path / "org-globex"))):
         v = register_adapter_folder(cfg, org, folder, {"parent_version": 1, "run_id": f"manual-{org}"})
-        store.set_alias(adapter_config(cfg, org), LIVE_ALIAS, v.version, reason="test")
+        store.set_alias(adapter_registry(cfg, org), LIVE_ALIAS, v.version, reason="test")
         live[org] = v.adapter_version
     answers = replay(cfg, reqs, 1, 2, seed=0, log=tmp_path / "replay.log")
     assert len(answers) == 2 * 2 * 2  # requests x samples x arms
@@ -167,7 +167,7 @@ def test_logged_requests_replay_to_the_base_and_to_the_orgs_adapter(registered, 
 
     # an adapter its gates refused (no live alias) is still measured, so the run reports what the update learned;
     # the gateway serves that org nothing but the base, which the served check reports
-    store.delete_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, reason="test: refused by its eval")
+    store.delete_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, reason="test: refused by its eval")
     refused = sample_batched(cfg, reqs[:1], 1, 1, seed=0)
     assert {a.adapter_version for a in refused if a.arm == "adapter"} == {live["org-acme"]}
     served = replay(cfg, reqs, 1, 1, seed=0, log=tmp_path / "served.log", arms=("adapter",))

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_core.lake import Lake
-from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, deploy_adapter, register_adapter_folder
+from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, deploy_adapter, register_adapter_folder
 
 MSG = [{"role": "user", "content": "rename the helper in utils.py"}]
 
@@ -62,7 +62,7 @@ def test_org_token_is_served_its_live_adapter_and_logged(registered, tmp_path):
     v1 = register_adapter_folder(cfg, "org-acme", make_adapter(base, tmp_path / "a1", 1),
                                  {"parent_version": 1, "run_id": "manual-a1"})
     assert not deploy_adapter(cfg, "manual", "org-acme", v1.version)  # no verdicts: never live that way
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, v1.version, reason="test")
+    store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, v1.version, reason="test")
 
     gw = build_gateway(cfg, poll=False)
     with serve_in_thread(cfg, gateway=gw) as url:
@@ -75,7 +75,7 @@ def test_org_token_is_served_its_live_adapter_and_logged(registered, tmp_path):
         # a new adapter version goes live: a new, never-reused name; acme's next request uses it
         v2 = register_adapter_folder(cfg, "org-acme", make_adapter(base, tmp_path / "a2", 2),
                                      {"parent_version": 1, "run_id": "manual-a2"})
-        store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, v2.version, reason="test")
+        store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, v2.version, reason="test")
         assert gw.router.adapters.sync()
         h2, _ = ask(url, "rtrl-acme-token")
         assert h2["x-rtrl-adapter-version"] == v2.adapter_version != v1.adapter_version

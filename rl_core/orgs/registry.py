@@ -24,8 +24,8 @@ from rl_core.registry.adapters import (  # noqa: F401 (the org side's names, re-
     ADAPTER_PREFIX,
     LIVE_ALIAS,
     AdapterVersion,
-    adapter_config,
     adapter_model_name,
+    adapter_registry,
     live_adapter,
     newest_adapter,
 )
@@ -44,17 +44,17 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
     """Register the org run's adapter folder (the same run twice returns its existing version)."""
     check_org(cfg, org_id)
     orun = org_run_id(run_id, org_id)
-    acfg = adapter_config(cfg, org_id)
+    areg = adapter_registry(cfg, org_id)
     lake = Lake(cfg.lake_root)
     run = lake.run(orun)
     summary = lake.read_json(run.train_summary) if lake.exists(run.train_summary) else {}
     adapter = Path(summary.get("adapter") or cfg.models_dir / "runs" / orun / "adapter")
-    if not (adapter / "adapter_config.json").is_file():
-        raise register.RegisterError(f"{adapter}: no adapter_config.json (did train_org run for {org_id}?)")
-    existing = register.find_version(acfg, orun)
+    if not (adapter / "adapter_registry.json").is_file():
+        raise register.RegisterError(f"{adapter}: no adapter_registry.json (did train_org run for {org_id}?)")
+    existing = register.find_version(areg, orun)
     if existing is not None:
-        mv = store.get_version(acfg, existing)
-        return AdapterVersion(org_id, acfg.mlflow.model_name, existing, mv.tags["adapter_version"], str(adapter),
+        mv = store.get_version(areg, existing)
+        return AdapterVersion(org_id, areg.model_name, existing, mv.tags["adapter_version"], str(adapter),
                               int(mv.tags["parent_version"]))
     info = register.lineage(cfg, orun)
     av = register_adapter_folder(cfg, org_id, adapter, info["tags"], info["metrics"])
@@ -70,12 +70,12 @@ def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict,
     check_org(cfg, org_id)
     if "parent_version" not in tags or "run_id" not in tags:
         raise ValueError(f"adapter tags need parent_version and run_id, got {sorted(tags)}")
-    acfg = adapter_config(cfg, org_id)
+    areg = adapter_registry(cfg, org_id)
     tags = tags | {"kind": "org_adapter", "org_id": org_id, "base_model": cfg.mlflow.model_name}
-    version = store.register_checkpoint(acfg, adapter, run_name=str(tags["run_id"]), tags=tags, metrics=metrics)
+    version = store.register_checkpoint(areg, adapter, run_name=str(tags["run_id"]), tags=tags, metrics=metrics)
     name = f"{org_id}-v{version}-{weights_digest(adapter)}"
-    store.client(acfg).set_model_version_tag(acfg.mlflow.model_name, str(version), "adapter_version", name)
-    return AdapterVersion(org_id, acfg.mlflow.model_name, version, name, str(adapter), int(tags["parent_version"]))
+    store.client(areg).set_model_version_tag(areg.model_name, str(version), "adapter_version", name)
+    return AdapterVersion(org_id, areg.model_name, version, name, str(adapter), int(tags["parent_version"]))
 
 
 def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
@@ -85,7 +85,7 @@ def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
     failing = [n for n in ADAPTER_VERDICTS if n not in verdicts or not verdicts[n].passed]
     if failing:
         return False
-    promote.point(adapter_config(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
+    promote.point(adapter_registry(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
     return True
 
 
@@ -93,15 +93,15 @@ def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
 
 def record_ab(cfg: Config, org_id: str, version: int, decision: str, summary: str) -> None:
     """An org A/B's decision on the adapter's version (tags ab.decision, ab.summary); nothing moves."""
-    store.set_version_tags(adapter_config(cfg, org_id), version, {"ab.decision": decision, "ab.summary": summary})
+    store.set_version_tags(adapter_registry(cfg, org_id), version, {"ab.decision": decision, "ab.summary": summary})
 
 
 def keep_live(cfg: Config, org_id: str, version: int, reason: str) -> None:
     """An org A/B's promote: the adapter stays `live`, the decision recorded on its version (tag ab.kept_live_at, a
     line of its History; a retried apply adds no second line)."""
-    acfg = adapter_config(cfg, org_id)
-    store.set_version_tags(acfg, version, {"ab.kept_live_at": store.stamp()})
-    store.append_history(acfg, version, f"kept live: {reason}", once=True)
+    areg = adapter_registry(cfg, org_id)
+    store.set_version_tags(areg, version, {"ab.kept_live_at": store.stamp()})
+    store.append_history(areg, version, f"kept live: {reason}", once=True)
 
 
 def withdraw_live(cfg: Config, org_id: str, adapter_version: str, reason: str) -> int | None:

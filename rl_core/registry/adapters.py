@@ -28,28 +28,26 @@ def adapter_model_name(org_id: str) -> str:
     return f"{ADAPTER_PREFIX}{org_id}"
 
 
-def adapter_config(cfg: Config, org_id: str) -> Config:
-    """cfg whose registry helpers (rl_core.registry.store) address the org's adapter model."""
-    c = cfg.model_copy(deep=True)
-    c.mlflow.model_name = adapter_model_name(org_id)
-    return c
+def adapter_registry(cfg: Config | store.Registry, org_id: str) -> store.Registry:
+    """The registry under the org's adapter model: what every registry function (store, drift, promote) takes."""
+    return store.Registry.of(cfg).for_model(adapter_model_name(org_id))
 
 
 def live_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
     """The adapter serving org_id now (alias `live`), or None: what the gateway asks per org."""
-    acfg = adapter_config(cfg, org_id)
-    version = store.version_for_alias(acfg, LIVE_ALIAS)
-    return None if version is None else _adapter(acfg, org_id, version)
+    areg = adapter_registry(cfg, org_id)
+    version = store.version_for_alias(areg, LIVE_ALIAS)
+    return None if version is None else _adapter(areg, org_id, version)
 
 
 def newest_adapter(cfg: Config, org_id: str) -> AdapterVersion | None:
     """The org's newest registered adapter, live or not (one its gates refused included), or None."""
-    acfg = adapter_config(cfg, org_id)
-    versions = store.known_versions(acfg)
-    return _adapter(acfg, org_id, max(versions)) if versions else None
+    areg = adapter_registry(cfg, org_id)
+    versions = store.known_versions(areg)
+    return _adapter(areg, org_id, max(versions)) if versions else None
 
 
-def _adapter(acfg: Config, org_id: str, version: int) -> AdapterVersion:
-    mv = store.get_version(acfg, version)
-    return AdapterVersion(org_id, acfg.mlflow.model_name, version, mv.tags.get("adapter_version", ""),
-                          str(store.checkpoint_path(acfg, version)), int(mv.tags.get("parent_version", 0)))
+def _adapter(areg: store.Registry, org_id: str, version: int) -> AdapterVersion:
+    mv = store.get_version(areg, version)
+    return AdapterVersion(org_id, areg.model_name, version, mv.tags.get("adapter_version", ""),
+                          str(store.checkpoint_path(areg, version)), int(mv.tags.get("parent_version", 0)))

@@ -58,7 +58,7 @@ def _fmt(v: int | None) -> str:
     return store.NO_HOLDER if v is None else f"v{v}"
 
 
-def differences(cfg: Config) -> list[Drift]:
+def differences(cfg: Config | store.Registry) -> list[Drift]:
     """MLflow's aliases against rtrl's record (pure read; adopts a model that has no record yet)."""
     actual: dict[str, int | None] = dict(store.aliases(cfg))
     recorded = store.recorded_aliases(cfg)
@@ -66,17 +66,17 @@ def differences(cfg: Config) -> list[Drift]:
         for alias, version in actual.items():
             store.record_move(cfg, alias, version)
         if actual:
-            log.info("no record of alias moves on %s yet: recorded the current aliases %s", cfg.mlflow.model_name,
+            log.info("no record of alias moves on %s yet: recorded the current aliases %s", store.Registry.of(cfg).model_name,
                      {a: f"v{v}" for a, v in actual.items()})
         return []
     found = [Drift(a, recorded.get(a), actual.get(a)) for a in sorted(set(recorded) | set(actual))]
     return [d for d in found if d.expected != d.actual]
 
 
-def check(cfg: Config) -> list[Drift]:
+def check(cfg: Config | store.Registry) -> list[Drift]:
     """Find drift and record it (tag, History line, log warning) once per distinct drift; clear settled ones."""
     drifts = differences(cfg)
-    c, name = store.client(cfg), cfg.mlflow.model_name
+    c, name = store.client(cfg), store.Registry.of(cfg).model_name
     tags = _model_tags(cfg)
     drifted = {d.alias for d in drifts}
     for key in [k for k in tags if k.startswith("drift.") and k.removeprefix("drift.") not in drifted]:
@@ -95,21 +95,21 @@ def check(cfg: Config) -> list[Drift]:
     return drifts
 
 
-def _model_tags(cfg: Config) -> dict[str, str]:
+def _model_tags(cfg: Config | store.Registry) -> dict[str, str]:
     from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
-        return dict(store.client(cfg).get_registered_model(cfg.mlflow.model_name).tags or {})
+        return dict(store.client(cfg).get_registered_model(store.Registry.of(cfg).model_name).tags or {})
     except MlflowException:  # no model yet (before `rtrl init`)
         return {}
 
 
-def recorded_drift(cfg: Config) -> dict[str, str]:
+def recorded_drift(cfg: Config | store.Registry) -> dict[str, str]:
     """The drift tags as `check` last wrote them: alias -> `expected vA, found vB since <time>`."""
     return {k.removeprefix("drift."): v for k, v in _model_tags(cfg).items() if k.startswith("drift.")}
 
 
-def guard(cfg: Config, action: str, moves: tuple[str, ...] = (), adds: bool = True) -> None:
+def guard(cfg: Config | store.Registry, action: str, moves: tuple[str, ...] = (), adds: bool = True) -> None:
     """Raise AliasDrift when rtrl must not make this move: any drift when it `adds` a version to traffic, else a
     drift of one of the aliases it `moves`."""
     drifts = check(cfg)
@@ -118,7 +118,7 @@ def guard(cfg: Config, action: str, moves: tuple[str, ...] = (), adds: bool = Tr
         raise AliasDrift(action, blocking)
 
 
-def adopt(cfg: Config, reason: str) -> list[Drift]:
+def adopt(cfg: Config | store.Registry, reason: str) -> list[Drift]:
     """Record MLflow's current aliases as rtrl's (each drifted version's History says so); returns what was adopted."""
     drifts = differences(cfg)
     for d in drifts:
@@ -127,12 +127,12 @@ def adopt(cfg: Config, reason: str) -> list[Drift]:
         if held is not None:
             store.append_history(cfg, held, f"`{d.alias}` outside move adopted ({_fmt(d.expected)} -> "
                                             f"{_fmt(d.actual)}): {reason}")
-        log.warning("alias drift adopted on %s: %s (%s)", cfg.mlflow.model_name, d.describe(), reason)
+        log.warning("alias drift adopted on %s: %s (%s)", store.Registry.of(cfg).model_name, d.describe(), reason)
     check(cfg)  # clears the drift tags
     return drifts
 
 
-def revert(cfg: Config, reason: str) -> list[Drift]:
+def revert(cfg: Config | store.Registry, reason: str) -> list[Drift]:
     """Move each drifted alias back to rtrl's record, recorded like any rtrl move; returns what was reverted."""
     drifts = differences(cfg)
     for d in drifts:
@@ -141,6 +141,6 @@ def revert(cfg: Config, reason: str) -> list[Drift]:
             store.delete_alias(cfg, d.alias, why)
         else:
             store.set_alias(cfg, d.alias, d.expected, why)
-        log.warning("alias drift reverted on %s: %s (%s)", cfg.mlflow.model_name, d.describe(), reason)
+        log.warning("alias drift reverted on %s: %s (%s)", store.Registry.of(cfg).model_name, d.describe(), reason)
     check(cfg)
     return drifts

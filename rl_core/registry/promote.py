@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from rl_core.config import Config
 from rl_core.ids import mlflow_filter_value
 from rl_core.registry import drift, store
-from rl_core.registry.adapters import LIVE_ALIAS, adapter_config, live_adapter
+from rl_core.registry.adapters import LIVE_ALIAS, adapter_registry, live_adapter
 from rl_core.reports import Verdict
 
 ROLLED_BACK = "rolled_back"  # version tag: set when a version is removed from an alias by a rollback
@@ -44,12 +44,12 @@ class AliasMove:
     reason: str
 
 
-def _all_versions(cfg: Config):
+def _all_versions(cfg: Config | store.Registry):
     c = store.client(cfg)
-    return c.search_model_versions(f"name={mlflow_filter_value(cfg.mlflow.model_name)}")
+    return c.search_model_versions(f"name={mlflow_filter_value(store.Registry.of(cfg).model_name)}")
 
 
-def history(cfg: Config, alias: str = "champion") -> list[AliasMove]:
+def history(cfg: Config | store.Registry, alias: str = "champion") -> list[AliasMove]:
     """Each version's latest assignment of `alias`, oldest first (its alias.<alias>.set_at version tag)."""
     moves = [
         AliasMove(tags[f"alias.{alias}.set_at"], alias, int(mv.version), tags.get(f"alias.{alias}.set_reason", ""))
@@ -59,7 +59,7 @@ def history(cfg: Config, alias: str = "champion") -> list[AliasMove]:
     return sorted(moves, key=lambda m: (m.stamp, m.version))
 
 
-def point(cfg: Config, alias: str, version: int, reason: str) -> None:
+def point(cfg: Config | store.Registry, alias: str, version: int, reason: str) -> None:
     """alias -> version (init's champion, deploy's challenger, an org's live adapter): recorded like every move."""
     drift.guard(cfg, f"setting {alias!r} to v{int(version)}")
     store.set_alias(cfg, alias, int(version), reason)
@@ -106,14 +106,14 @@ def take_off_adapter(cfg: Config, org_id: str, adapter_version: str, reason: str
     live = live_adapter(cfg, org_id)
     if live is None or live.adapter_version != adapter_version:
         return None
-    acfg = adapter_config(cfg, org_id)
-    drift.guard(acfg, f"taking adapter {adapter_version} of {org_id} off traffic", moves=(LIVE_ALIAS,), adds=False)
-    store.delete_alias(acfg, LIVE_ALIAS, f"rollback: {reason}")
-    _mark_rolled_back(acfg, live.version, reason)
+    areg = adapter_registry(cfg, org_id)
+    drift.guard(areg, f"taking adapter {adapter_version} of {org_id} off traffic", moves=(LIVE_ALIAS,), adds=False)
+    store.delete_alias(areg, LIVE_ALIAS, f"rollback: {reason}")
+    _mark_rolled_back(areg, live.version, reason)
     return live.version
 
 
-def _require(cfg: Config, alias: str, expected: int | None) -> int:
+def _require(cfg: Config | store.Registry, alias: str, expected: int | None) -> int:
     held = store.version_for_alias(cfg, alias)
     if held is None:
         raise RegistryError(f"no version holds alias {alias!r}")
@@ -141,12 +141,12 @@ def drop_challenger(cfg: Config, reason: str, expected: int | None = None) -> in
     return version
 
 
-def _mark_rolled_back(cfg: Config, version: int, reason: str) -> None:
+def _mark_rolled_back(cfg: Config | store.Registry, version: int, reason: str) -> None:
     store.set_version_tags(cfg, version, {ROLLED_BACK: "true", f"{ROLLED_BACK}_reason": reason})  # when: History
     store.append_history(cfg, version, f"rolled back: {reason}")
 
 
-def rolled_back_versions(cfg: Config) -> set[int]:
+def rolled_back_versions(cfg: Config | store.Registry) -> set[int]:
     return {int(mv.version) for mv in _all_versions(cfg) if (mv.tags or {}).get(ROLLED_BACK) == "true"}
 
 

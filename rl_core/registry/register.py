@@ -39,13 +39,13 @@ class RegisterError(ValueError):
     """The run's files do not describe a registrable checkpoint; the message names the file and field."""
 
 
-def find_version(cfg: Config, run_id: str) -> int | None:
+def find_version(cfg: Config | store.Registry, run_id: str) -> int | None:
     """The version already registered for run_id (by its run_id tag), if any."""
     from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
         found = store.client(cfg).search_model_versions(
-            f"name={mlflow_filter_value(cfg.mlflow.model_name)} and tags.run_id = {mlflow_filter_value(run_id)}"
+            f"name={mlflow_filter_value(store.Registry.of(cfg).model_name)} and tags.run_id = {mlflow_filter_value(run_id)}"
         )
     except MlflowException:
         return None

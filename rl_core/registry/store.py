@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -34,12 +35,37 @@ HISTORY = "**History**"  # the description's history section starts at this line
 PURPOSES = {"train": "", "ab": "-ab", "learning": "-learning", "cycles": "-cycles"}  # experiment name suffix per purpose
 
 
-def client(cfg: Config):
-    """An MlflowClient on the configured tracking/registry URI (the folder for SQLite is created)."""
+@dataclass(frozen=True)
+class Registry:
+    """The registry as one value: where it is (tracking URI, artifact root), the experiment, which registered model,
+    and the local folder that caches downloaded checkpoints. Every function here takes one (or a Config, read
+    once into one), so an org's adapters are the same registry under their own model name (`for_model`),
+    not a copy of the whole config."""
+
+    tracking_uri: str
+    artifact_root: str  # resolved: a URL, or a local folder
+    artifact_root_setting: str  # [mlflow] artifact_root as configured (unset on a server: the server places them)
+    experiment: str
+    model_name: str
+    models_dir: Path
+
+    @classmethod
+    def of(cls, src: Config | Registry) -> Registry:
+        if isinstance(src, Registry):
+            return src
+        return cls(src.tracking_uri, src.artifact_root, src.mlflow.artifact_root, src.mlflow.experiment,
+                   src.mlflow.model_name, src.models_dir)
+
+    def for_model(self, model_name: str) -> Registry:
+        return replace(self, model_name=model_name)
+
+
+def client(cfg: Config | Registry | Registry):
+    """An MlflowClient on the registry's tracking/registry URI (the folder for SQLite is created)."""
     import mlflow  # lazy: heavy (mlflow)
     from mlflow import MlflowClient
 
-    uri = cfg.tracking_uri
+    uri = Registry.of(cfg).tracking_uri
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the home, usually
     mlflow.set_tracking_uri(uri)
@@ -47,13 +73,14 @@ def client(cfg: Config):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def experiment_id(cfg: Config, purpose: str = "train") -> str:
+def experiment_id(cfg: Config | Registry, purpose: str = "train") -> str:
     """The id of the experiment for purpose (PURPOSES), created with artifacts under the artifact root.
     On a tracking server (http) with no URL configured as the root, the server places the artifacts (its
     --artifacts-destination, proxied: workers and the gateway need no credentials for the store); a local
     folder there would be a path on whichever worker registered the checkpoint, which no other machine sees."""
-    c = client(cfg)
-    name = cfg.mlflow.experiment + PURPOSES[purpose]
+    reg = Registry.of(cfg)
+    c = client(reg)
+    name = reg.experiment + PURPOSES[purpose]
     tags = layout.experiment_tags(purpose)
     exp = c.get_experiment_by_name(name)
     if exp is not None:  # one made before these tags existed gets them once
@@ -61,27 +88,27 @@ def experiment_id(cfg: Config, purpose: str = "train") -> str:
             if (exp.tags or {}).get(k) != v:
                 c.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
-    if cfg.tracking_uri.startswith(("http://", "https://")) and "://" not in cfg.mlflow.artifact_root:
+    if reg.tracking_uri.startswith(("http://", "https://")) and "://" not in reg.artifact_root_setting:
         return c.create_experiment(name, tags=tags)
-    root = cfg.artifact_root
+    root = reg.artifact_root
     if "://" not in root:
         Path(root).mkdir(parents=True, exist_ok=True)
         root = Path(root).resolve().as_uri()
     return c.create_experiment(name, artifact_location=f"{root}/{name}", tags=tags)
 
 
-def ensure_registered_model(cfg: Config, description: str = "rtrl policy checkpoints") -> None:
+def ensure_registered_model(cfg: Config | Registry, description: str = "rtrl policy checkpoints") -> None:
     from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     c = client(cfg)
     try:
-        c.get_registered_model(cfg.mlflow.model_name)
+        c.get_registered_model(Registry.of(cfg).model_name)
     except MlflowException:
-        c.create_registered_model(cfg.mlflow.model_name, description=description)
+        c.create_registered_model(Registry.of(cfg).model_name, description=description)
 
 
 def register_checkpoint(
-    cfg: Config,
+    cfg: Config | Registry,
     ckpt_dir: str | Path,
     *,
     run_name: str,
@@ -115,7 +142,7 @@ def register_checkpoint(
     ensure_registered_model(cfg)
     artifact_uri = mlflow.get_run(run_id).info.artifact_uri
     mv = c.create_model_version(
-        cfg.mlflow.model_name, source=f"{artifact_uri}/{CHECKPOINT_ARTIFACT}", run_id=run_id, tags=tags
+        Registry.of(cfg).model_name, source=f"{artifact_uri}/{CHECKPOINT_ARTIFACT}", run_id=run_id, tags=tags
     )
     c.update_run(run_id, name=version_run_name(int(mv.version), run_name))
     return int(mv.version)
@@ -131,11 +158,11 @@ def stamp() -> str:
     return now_utc().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def append_history(cfg: Config, version: int, line: str, once: bool = False) -> None:
+def append_history(cfg: Config | Registry, version: int, line: str, once: bool = False) -> None:
     """Append `- <time> <line>` to the version's description, under its History section (with once: unless the
     history has that line already, so a retried task does not repeat it)."""
     c = client(cfg)
-    name = cfg.mlflow.model_name
+    name = Registry.of(cfg).model_name
     text = c.get_model_version(name, str(version)).description or ""
     if once and any(old.endswith(f" {line}") for old in text.splitlines()):
         return
@@ -144,17 +171,17 @@ def append_history(cfg: Config, version: int, line: str, once: bool = False) -> 
     c.update_model_version(name, str(version), description=f"{text.rstrip()}\n- {stamp()} {line}\n")
 
 
-def set_version_tags(cfg: Config, version: int, tags: dict[str, Any]) -> None:
+def set_version_tags(cfg: Config | Registry, version: int, tags: dict[str, Any]) -> None:
     c = client(cfg)
     for k, v in tags.items():
-        c.set_model_version_tag(cfg.mlflow.model_name, str(version), k, str(v)[:4000])
+        c.set_model_version_tag(Registry.of(cfg).model_name, str(version), k, str(v)[:4000])
 
 
-def set_alias(cfg: Config, alias: str, version: int, reason: str) -> None:
+def set_alias(cfg: Config | Registry, alias: str, version: int, reason: str) -> None:
     """Point alias at version and record the move (time, reason, previous holder) on both versions and on the
     registered model (the tag `<alias>`)."""
     c = client(cfg)
-    name = cfg.mlflow.model_name
+    name = Registry.of(cfg).model_name
     previous = version_for_alias(cfg, alias)
     c.set_registered_model_alias(name, alias, str(version))
     record_move(cfg, alias, version)
@@ -167,10 +194,10 @@ def set_alias(cfg: Config, alias: str, version: int, reason: str) -> None:
         append_history(cfg, previous, f"`{alias}` moved to version {version}: {reason}")
 
 
-def delete_alias(cfg: Config, alias: str, reason: str) -> int | None:
+def delete_alias(cfg: Config | Registry, alias: str, reason: str) -> int | None:
     """Remove an alias; returns the version that held it (None if none did)."""
     c = client(cfg)
-    name = cfg.mlflow.model_name
+    name = Registry.of(cfg).model_name
     held = version_for_alias(cfg, alias)
     if held is None:
         return None
@@ -184,19 +211,19 @@ def delete_alias(cfg: Config, alias: str, reason: str) -> int | None:
 NO_HOLDER = "none"  # the record's value once rtrl removed the alias
 
 
-def record_move(cfg: Config, alias: str, version: int | None) -> None:
+def record_move(cfg: Config | Registry, alias: str, version: int | None) -> None:
     """rtrl's record of its latest move of alias: the registered model's tag `<alias>` = `v<N>` (or `none`)."""
     value = NO_HOLDER if version is None else f"v{int(version)}"
-    client(cfg).set_registered_model_tag(cfg.mlflow.model_name, alias, value)
+    client(cfg).set_registered_model_tag(Registry.of(cfg).model_name, alias, value)
 
 
-def recorded_aliases(cfg: Config) -> dict[str, int | None] | None:
+def recorded_aliases(cfg: Config | Registry) -> dict[str, int | None] | None:
     """rtrl's record of its latest move of each alias it ever moved (None as the version once it removed it);
     None when the model has no record at all (made before moves were recorded, or not yet registered)."""
     from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
-        tags = client(cfg).get_registered_model(cfg.mlflow.model_name).tags or {}
+        tags = client(cfg).get_registered_model(Registry.of(cfg).model_name).tags or {}
     except MlflowException:
         return None
     out: dict[str, int | None] = {}
@@ -208,37 +235,37 @@ def recorded_aliases(cfg: Config) -> dict[str, int | None] | None:
     return out or None
 
 
-def version_for_alias(cfg: Config, alias: str) -> int | None:
+def version_for_alias(cfg: Config | Registry, alias: str) -> int | None:
     from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
-        mv = client(cfg).get_model_version_by_alias(cfg.mlflow.model_name, alias)
+        mv = client(cfg).get_model_version_by_alias(Registry.of(cfg).model_name, alias)
     except MlflowException:
         return None
     return int(mv.version)
 
 
-def aliases(cfg: Config) -> dict[str, int]:
+def aliases(cfg: Config | Registry) -> dict[str, int]:
     from mlflow.exceptions import MlflowException  # lazy: heavy (mlflow)
 
     try:
-        rm = client(cfg).get_registered_model(cfg.mlflow.model_name)
+        rm = client(cfg).get_registered_model(Registry.of(cfg).model_name)
     except MlflowException:
         return {}
     return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
 
-def known_versions(cfg: Config) -> list[int]:
+def known_versions(cfg: Config | Registry) -> list[int]:
     """Every version number of the registered model, ascending (empty before `rtrl init`)."""
-    found = client(cfg).search_model_versions(f"name={mlflow_filter_value(cfg.mlflow.model_name)}")
+    found = client(cfg).search_model_versions(f"name={mlflow_filter_value(Registry.of(cfg).model_name)}")
     return sorted(int(v.version) for v in found)
 
 
-def get_version(cfg: Config, version: int):
-    return client(cfg).get_model_version(cfg.mlflow.model_name, str(version))
+def get_version(cfg: Config | Registry, version: int):
+    return client(cfg).get_model_version(Registry.of(cfg).model_name, str(version))
 
 
-def checkpoint_path(cfg: Config, version: int) -> Path:
+def checkpoint_path(cfg: Config | Registry, version: int) -> Path:
     """A local folder holding the version's HF checkpoint (the artifact folder itself when it is local)."""
     mv = get_version(cfg, version)
     src = mv.source
@@ -251,7 +278,8 @@ def checkpoint_path(cfg: Config, version: int) -> Path:
         return Path(src)
     import mlflow  # lazy: heavy (mlflow)
 
-    dst = cfg.models_dir / "cache" / f"v{version}"
+    reg = Registry.of(cfg)  # per model: an adapter's v1 is not the policy's v1
+    dst = reg.models_dir / "cache" / reg.model_name / f"v{version}"
     if (dst / "config.json").is_file():
         return dst
     tmp = dst.with_name(dst.name + ".partial")
