@@ -1,15 +1,17 @@
 """Every number of the claims page (docs/results.md), recomputed from the committed summaries.
 
-    python bench/claims.py            (or `rtrl bench claims`; reads docs/results/*.json and bench/protocols/)
+    python bench/claims.py            (or `rtrl bench claims`; reads experiments/*/ and docs/results/*.json)
 
 Why: a claim is worth what its numbers are worth, and a page typed by hand drifts from the runs it reports.
-So the page's numbers come from here: the committed seed summaries (docs/results/*.json, written by
+So the page's numbers come from here: the committed seed summaries (experiments/<question>/*.json, written by
 `rtrl experiment --protocol`), pooled by the same function `rtrl experiment --report` uses
 (lab.simulate.protocol._pool: the paired test of a shared protocol, org_protocol.pooled_orgs for an org one),
 each pooled result checked against the committed pooled file where there is one; and the registered protocols
-(bench/protocols/*.toml) in the order git added them, to count how many designs on a question were registered
-before a result. tests/test_claims.py runs this on the committed files: every line it prints must be in
-docs/results.md verbatim, and every decimal of the page outside a quoted block (`>`) must be one printed here.
+(experiments/<question>/*.toml) in the order git first added them (under bench/protocols/ before issue 42), to
+count how many designs on a question were registered before a result. The benchmarks' JSON (the feature census,
+the eval gate's census and checks) stays in docs/results/. tests/test_claims.py runs this on the committed files:
+every line it prints must be in docs/results.md verbatim, and every decimal of the page outside a quoted block (`>`)
+must be one printed here.
 Prints markdown; `##` lines name the block and are not part of the page.
 """
 
@@ -30,8 +32,9 @@ from lab.simulate.protocol import Protocol, _pool  # noqa: E402
 from lab.simulate.protocol_report import PRIMARY_LABELS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "docs" / "results"
-PROTOCOLS = REPO / "bench" / "protocols"
+RESULTS = REPO / "docs" / "results"  # the benchmarks' JSON: the feature census, the eval gate's census and checks
+EXPERIMENTS = REPO / "experiments"  # one folder per question: its registered protocols and seed summaries
+FORMER = "bench/protocols"  # where protocols were registered before issue 42 moved them: git's adds are there
 QUESTIONS = ("shared-preference", "org-conventions", "coding-quality")  # tiny.toml is a smoke test of the machinery: no claim
 SHARED, ORG = "shared-preference-v5", "org-conventions-v12-pooled"  # the two registered results
 # what may differ between two protocols that train and measure the same way (the seeds, the test, the budget)
@@ -59,22 +62,24 @@ def short(name: str) -> str:
     return name[len(family(name)) + 1:] or "v1"
 
 
-def load_protocols(folder: Path = PROTOCOLS) -> dict[str, tuple[Path, Protocol]]:
-    """name -> (file, the protocol as registered). The Protocol model only: load_protocol would also build the
-    config each protocol ran with, which this report does not need."""
+def load_protocols(folder: Path = EXPERIMENTS) -> dict[str, tuple[Path, Protocol]]:
+    """name -> (file, the protocol as registered), from every experiment's folder. The Protocol model only:
+    load_protocol would also build the config each protocol ran with, which this report does not need."""
     out = {}
-    for p in sorted(folder.glob("*.toml")):
+    for p in sorted(folder.glob("*/*.toml")):
         proto = Protocol(**tomllib.loads(p.read_text())["protocol"])
         out[proto.name] = (p, proto)
     return out
 
 
-def load_summaries(folder: Path = RESULTS) -> tuple[dict[str, list[dict]], dict[str, dict], dict | None]:
-    """(protocol -> its seed summaries by seed, protocol -> its committed pooled file (with `file`), the census)."""
+def load_summaries(folder: Path = EXPERIMENTS, results: Path = RESULTS) -> tuple[dict[str, list[dict]],
+                                                                                 dict[str, dict], dict | None]:
+    """(protocol -> its seed summaries by seed, protocol -> its committed pooled file (with `file`), the census):
+    the summaries from every experiment's folder, the census from the benchmarks' results."""
     seeds: dict[str, list[dict]] = {}
     pools: dict[str, dict] = {}
     census = None
-    for p in sorted(folder.glob("*.json")):
+    for p in sorted(folder.glob("*/*.json")) + sorted(results.glob("*.json")):
         d = json.loads(p.read_text())
         if "protocol_file" in d:
             seeds.setdefault(d["protocol"], []).append(d)
@@ -86,10 +91,13 @@ def load_summaries(folder: Path = RESULTS) -> tuple[dict[str, list[dict]], dict[
 
 
 def registrations(paths: list[Path]) -> dict[str, tuple[str, str, int, str]]:
-    """file name -> (short commit, date, unix time, full commit) of the commit that added it; empty without git."""
+    """file name -> (short commit, date, unix time, full commit) of the commit that added it; empty without git.
+    A file moved since (git mv) is added again where it went: the commit that first added its name, at its
+    path or under FORMER, is its registration."""
+    specs = [str(p) for p in paths] + [f"{FORMER}/{p.name}" for p in paths]
     try:
         out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%x00%h %ad %at %H", "--date=short",
-                              "--name-only", "--", *map(str, paths)], cwd=REPO, capture_output=True, text=True,
+                              "--name-only", "--", *specs], cwd=REPO, capture_output=True, text=True,
                              check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return {}
@@ -128,9 +136,9 @@ def result(pool: dict | None, primary: str = "mean_reward") -> str:
 
 
 class Claims:
-    def __init__(self, protocols: Path = PROTOCOLS, results: Path = RESULTS):
-        self.protos = {n: pp for n, pp in load_protocols(protocols).items() if family(n) in QUESTIONS}
-        self.seeds, self.pools, self.census = load_summaries(results)
+    def __init__(self, experiments: Path = EXPERIMENTS, results: Path = RESULTS):
+        self.protos = {n: pp for n, pp in load_protocols(experiments).items() if family(n) in QUESTIONS}
+        self.seeds, self.pools, self.census = load_summaries(experiments, results)
         self.reg = registrations([p for p, _ in self.protos.values()])
         # registration order: the commit that added each file (name order where git cannot say)
         self.order = sorted(self.protos, key=lambda n: (self.reg.get(self.protos[n][0].name, ("", "", 0, ""))[2],

@@ -11,7 +11,7 @@ but certain drop within tolerance neither.
 Metrics compared per task: passed (higher is better), clarified (asked instead of acting: lower is
 better), invalid_tool_rate (lower is better) and wrote_code (changed a file or answered with a complete code
 block: higher is better; an update that met a reward by writing less code, as two org adapters did in
-docs/results/history-org-conventions.md, fails here even where pass rates are near zero either way). The promotion gate reads the verdict.
+experiments/org-conventions/history.md, fails here even where pass rates are near zero either way). The promotion gate reads the verdict.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def test_dockerfile_installs_like_make_setup():
     # ... and .dockerignore keeps what the services run
     ignored = [ln.strip().rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
-    for needed in ("rl_core", "evals", "sql", "dags", "plugins", "bench", "rtrl.toml", "pyproject.toml",
+    for needed in ("rl_core", "evals", "lab", "sql", "dags", "plugins", "bench", "experiments", "rtrl.toml", "pyproject.toml",
                    "requirements.txt", "requirements-gpu.txt", "requirements-nodeps.txt"):
         assert (ROOT / needed).exists(), needed
         assert not any(fnmatch.fnmatch(needed, pat) for pat in ignored), f".dockerignore drops {needed}"

@@ -62,7 +62,7 @@ def test_clarifying_more_is_a_regression_even_at_equal_pass_rate():
 
 def test_writing_less_code_is_a_regression_even_where_nothing_passes():
     """Two org adapters met their reward by writing fewer complete code blocks while the suite's pass rates
-    stayed near zero (docs/results/history-org-conventions.md, org-conventions v3 and v4): the eval now compares that too."""
+    stayed near zero (experiments/org-conventions/history.md, org-conventions v3 and v4): the eval now compares that too."""
     base = [_r(f"t{i}", False, calls=0, valid=0, wrote_code=i < 16) for i in range(20)]
     cand = [_r(f"t{i}", False, calls=0, valid=0, wrote_code=i < 6) for i in range(20)]
     result = compare("r", cand, base, tolerance=0.02)

@@ -13,7 +13,8 @@ from lab.simulate.experiment import CycleMetrics
 from lab.simulate.protocol import env_of, load_protocol, markdown, plot, pooled, seed_summary, set_aside
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "bench/protocols/tiny.toml"
+EXPERIMENTS = REPO / "experiments"  # one folder per question: its protocols, summaries, plots
+TINY = EXPERIMENTS / "tiny/tiny.toml"
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -23,7 +24,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_every_shipped_protocol_loads(cfg):
-    for path in sorted((REPO / "bench/protocols").glob("*.toml")):
+    for path in sorted(EXPERIMENTS.glob("*/*.toml")):
         proto = load_protocol(path)
         assert proto.seeds and proto.feature and env_of(proto, proto.seeds[0])["RTRL_SIMULATE__SEED"]
 
@@ -119,7 +120,7 @@ def test_replay_plot_adds_each_org_adapters_change(tmp_path):
     against v1 (convention, guard, shape) from the summary alone: a seventh panel, so a third row."""
     import struct
 
-    s = json.loads((Path(__file__).parents[1] / "docs/results/org-conventions-v7-seed16.json").read_text())
+    s = json.loads((EXPERIMENTS / "org-conventions/org-conventions-v7-seed16.json").read_text())
     feats = ["summary_first", "code_block", "prose_after_code", "python_fence", "short_answer"]
 
     def height(summary: dict, name: str) -> int:
@@ -157,8 +158,8 @@ def test_welch_difference_in_differences():
 
 
 def test_an_orgs_protocol_needs_opposite_conventions(cfg, tmp_path):
-    text = (REPO / "bench/protocols/org-conventions.toml").read_text()
-    assert load_protocol(REPO / "bench/protocols/org-conventions.toml").dag == "orgs"
+    text = (EXPERIMENTS / "org-conventions/org-conventions.toml").read_text()
+    assert load_protocol(EXPERIMENTS / "org-conventions/org-conventions.toml").dag == "orgs"
     same = text.replace('"org-globex" = { feature = "prose_after_code", want = false }',
                         '"org-globex" = { feature = "prose_after_code", want = true }')
     with pytest.raises(ValueError, match="one org that wants 'prose_after_code' and one that rejects it"):
@@ -166,14 +167,14 @@ def test_an_orgs_protocol_needs_opposite_conventions(cfg, tmp_path):
 
 
 def test_a_replay_protocol_must_be_an_orgs_protocol_with_the_replay_test(cfg, tmp_path):
-    text = (REPO / "bench/protocols/org-conventions-v3.toml").read_text()
-    assert load_protocol(REPO / "bench/protocols/org-conventions-v3.toml").measure == "replay"
+    text = (EXPERIMENTS / "org-conventions/org-conventions-v3.toml").read_text()
+    assert load_protocol(EXPERIMENTS / "org-conventions/org-conventions-v3.toml").measure == "replay"
     for bad in (text.replace('primary = "replay_did"', 'primary = "feature_did"'),
                 text.replace('measure = "replay"', 'measure = "live"'),
                 text.replace("cycles = 2 ", "cycles = 3 ")):
         with pytest.raises(ValueError, match='measure = "replay" goes with primary = "replay_did"'):
             load_protocol(_write(tmp_path, bad))
-    live = (REPO / "bench/protocols/org-conventions-v2.toml").read_text()
+    live = (EXPERIMENTS / "org-conventions/org-conventions-v2.toml").read_text()
     for bad in (text.replace("[protocol]\n", '[protocol]\nguard = "no_such_feature"\n'),
                 live.replace("[protocol]\n", '[protocol]\nguard = "code_block"\n')):
         with pytest.raises(ValueError, match="protocol.guard"):

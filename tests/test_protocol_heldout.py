@@ -26,7 +26,8 @@ from lab.simulate.users import Reply
 from rl_core import toolcalls
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "bench/protocols/tiny.toml"
+EXPERIMENTS = REPO / "experiments"  # one folder per question: its protocols and summaries
+TINY = EXPERIMENTS / "tiny/tiny.toml"
 BAND = "{repo}/bench/band"
 NEW_FIELDS = {"bank": "", "heldout": 0.0, "split_seed": None, "new_users": False, "baseline": False,
               "rate_share": 1.0, "flip": 0.0, "noninferior": [], "guard_test": "point", "measure_users": None,
@@ -78,11 +79,11 @@ def _has_runs(path) -> bool:
     (protocols registered since, e.g. shared-preference-v6, set them and are checked by their own runs)."""
     table = tomllib.loads(path.read_text())["protocol"]
     return not set(table) & set(NEW_FIELDS) and any(path.stem + "-seed" in f.name
-                                                    for f in (REPO / "docs/results").glob("*-seed*.json"))
+                                                    for f in path.parent.glob("*-seed*.json"))
 
 
 def test_an_old_protocol_file_loads_with_identical_effective_settings(cfg):
-    old = [p for p in sorted((REPO / "bench/protocols").glob("*.toml")) if _has_runs(p) or p.stem == "tiny"]
+    old = [p for p in sorted(EXPERIMENTS.glob("*/*.toml")) if _has_runs(p) or p.stem == "tiny"]
     assert len(old) >= 15
     for path in old:
         table = tomllib.loads(path.read_text())["protocol"]

@@ -22,7 +22,8 @@ from rl_core.ab.result import MetricResult, OrgABResult
 from rl_core.config import Preference
 
 REPO = Path(__file__).resolve().parent.parent
-V13 = REPO / "bench/protocols/org-conventions-v13-live.toml"
+ORGS = REPO / "experiments" / "org-conventions"  # the question's protocols, v1 to v13
+V13 = ORGS / "org-conventions-v13-live.toml"
 CONV = {"org-acme": Preference(feature="summary_first", want=True),
         "org-globex": Preference(feature="summary_first", want=False)}
 
@@ -239,7 +240,7 @@ def test_the_measured_cycles_can_serve_more_users_than_the_trained_one(cfg):
 
 def test_the_registered_protocol_loads_freezes_v10s_training_and_uses_fresh_seeds(cfg):
     proto = load_protocol(V13)  # validates its config overrides through the Config model too
-    v10 = tomllib.loads((REPO / "bench/protocols/org-conventions-v10.toml").read_text())["protocol"]
+    v10 = tomllib.loads((ORGS / "org-conventions-v10.toml").read_text())["protocol"]
     table = tomllib.loads(V13.read_text())["protocol"]
     assert proto.dag == "orgs" and proto.measure == "live" and proto.baseline and proto.heldout == 0.3
     assert proto.rate_share == 0.3 and proto.flip == 0.15 and proto.pool == "seeds_random" and len(proto.seeds) >= 6
@@ -249,7 +250,7 @@ def test_the_registered_protocol_loads_freezes_v10s_training_and_uses_fresh_seed
     assert table["config"]["serving"]["backend"] == v10["config"]["serving"]["backend"]
     assert (proto.users, proto.interactions, proto.train_from, proto.feature) == (
         v10["users"], v10["interactions"], v10["train_from"], v10["feature"])
-    used = {k for p in (REPO / "bench/protocols").glob("*.toml") if p != V13
+    used = {k for p in (REPO / "experiments").glob("*/*.toml") if p != V13
             for k in tomllib.loads(p.read_text())["protocol"]["seeds"]}
     assert not set(proto.seeds) & used
     from lab.simulate.protocol import env_of

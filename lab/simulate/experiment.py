@@ -353,7 +353,7 @@ def add_experiment(p: argparse.ArgumentParser) -> None:
                    help="start `airflow dags test` and the trainer as fresh processes each cycle instead of forking "
                         "them from a warm server that has the heavy modules imported (lab/warm.py)")
     p.add_argument("--protocol", type=Path, default=None,
-                   help="run a pre-registered protocol file (bench/protocols/*.toml): its sizes, seeds and config "
+                   help="run a pre-registered protocol file (experiments/*/*.toml): its sizes, seeds and config "
                         "replace the flags above; writes summary-seed<k>.json per seed, pooled.json, a plot")
     p.add_argument("--seed", type=int, action="append", default=None,
                    help="with --protocol: run only this seed of the protocol (repeatable; default all)")

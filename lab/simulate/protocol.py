@@ -5,7 +5,7 @@ the seeds or the metric after seeing runs (or running until one seed looks good)
 So the flags, sizes, seeds, config, the preferred feature, the primary metric and the success rule live in
 one TOML file that is committed before the runs it reports; this module runs exactly that, one fresh
 RTRL_HOME per seed, and writes a machine-readable summary per seed (the paired difference, its SE and 95% CI,
-the feature rates per cycle, every gate's verdict, the A/B decision) that docs/results/ keeps verbatim.
+the feature rates per cycle, every gate's verdict, the A/B decision) that experiments/<question>/ keeps verbatim.
 
 The test, per seed: users are seeded, so each user's mean reward under v1 (cycle 1) is paired with the same
 user's under the last policy (last cycle); a paired t interval. Pooled: the seeds' per-user differences

@@ -1,4 +1,4 @@
-"""A protocol file's model (the `[protocol]` table of bench/protocols/*.toml) and its checks at load time.
+"""A protocol file's model (the `[protocol]` table of experiments/*/*.toml) and its checks at load time.
 
 Every field a protocol added after the first ones has a default that reproduces what protocols did before it:
 an old protocol file loads to the same effective settings and runs as it did (tests/test_protocol_heldout.py).

@@ -15,7 +15,7 @@ monitors as a version does, and the rollback takes it off its organisation's tra
 The mean reward trips it too when it falls below the parent's by more than `monitor_reward_drop` and by more
 than `monitor_reward_z` standard errors. That is not a hack, but it is a worse policy, and when the challenger
 serves all the traffic (`rtrl experiment --challenger-share 1.0`) the A/B verdict has no control arm and the
-eval suite may not see it: run L (docs/results/history-early-runs.md) served and trained on top of a version 0.18 worse.
+eval suite may not see it: run L (experiments/early-runs/history.md) served and trained on top of a version 0.18 worse.
 
 In the cycle the monitors judge the live challenger before the A/B verdict is applied, on every turn the
 window served (`score_served`, its own task): a version that games the reward must not win an A/B verdict

@@ -18,7 +18,7 @@ estimator exp(r) - r - 1, r = logp_ref - logp_new: k3 is unbiased only for token
 ours were sampled from the behaviour policy, which is the parent itself at the start of an update. There a
 token the update pushed down (p_ref 0.77 -> p_new 0.0026) counts exp(5.7) = 290 instead of about 1, and one
 such token in 268 made a step read KL 1.1 and the gate refuse an update whose exact KL was small
-(SmolLM2, run E of docs/results/history-early-runs.md, replayed). Every mean is over completion tokens only (mask); an
+(SmolLM2, run E of experiments/early-runs/history.md, replayed). Every mean is over completion tokens only (mask); an
 all-masked batch gives 0.
 
 Shapes: B sequences, C completion positions (right-aligned, masked where a sequence is shorter), V vocab.
