@@ -125,8 +125,10 @@ def main() -> int:
         if not 1 <= k <= len(curves):
             sys.exit(f"--cycle must be in 1..{len(curves)}, got {k}")
         last, back = curves[k - 1], len(curves) - k  # one DAG run per cycle, in order
-        h = lake.read_json(lake.run(last["run_id"]).manifest)
-        report = SimpleNamespace(run_id=last["run_id"], start=h["start"], end=h["end"], seconds=last["seconds"],
+        h = lake.read_harvest(last["run_id"])
+        if h is None:
+            sys.exit(f"run {last['run_id']} has no harvest manifest in {cfg.lake_root}")
+        report = SimpleNamespace(run_id=last["run_id"], start=h.start, end=h.end, seconds=last["seconds"],
                                  dag_rc=last["dag_rc"], interactions=last["interactions"])
     else:
         report, back = run_cycle(cfg, interactions=args.interactions), 0

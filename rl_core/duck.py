@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from rl_core.config import REPO_ROOT
 from rl_core.lake import Lake
+from rl_core.schema import BAD_LOGPROBS_SQL
 
 SQL_DIR = REPO_ROOT / "sql"
 
@@ -43,6 +44,7 @@ def connect(lake: Lake, threads: int | None = None, memory_limit: str | None = N
     # out (pyarrow writes min/max without NaN), so NaN rows would read as clean. Measured; keep this off,
     # and never filter on isnan() in a WHERE clause (row-group pruning has the same blind spot).
     con.execute("SET disabled_optimizers = 'statistics_propagation'")
+    con.execute(BAD_LOGPROBS_SQL)  # bad_logprobs(list): the contract's logprob rule, for every query in sql/
     if not lake.is_local:
         # One thread on a remote lake: DuckDB reads a Python (fsspec) file as seek() then read(), each call under
         # the GIL on its own, and its threads share a file's handle, so two threads reading one file can read

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rl_core.artifacts import HarvestResult
 from rl_core.config import Config, load_config
 from rl_core.duck import bind_files, connect, file_urls, load_sql, write_stream
 from rl_core.forget import load_registry
@@ -35,39 +36,6 @@ from rl_core.ledger import Lineage, bind_consumed
 from rl_core.schema import EPISODES_SCHEMA, FEEDBACK_SCHEMA, INTERACTIONS_SCHEMA
 
 BATCH_ROWS = 65_536
-
-@dataclass
-class HarvestResult:
-    run_id: str
-    path: str
-    start: str
-    end: str
-    policy_version: int
-    granularity: str
-    n_interactions: int  # in the window, any version
-    n_episodes: int
-    n_stale: int  # in the window but outside [policy_version - max_staleness, policy_version]
-    n_with_feedback: int
-    n_interaction_files: int
-    n_feedback_files: int
-    n_excluded: int = 0  # in the window but opted out or forgotten (data rights)
-    org_id: str | None = None  # set for a per-organisation harvest
-    n_consumed: int = 0  # in the window and the version bound, but already trained on in the lineage (ledger)
-    lineage: str | None = None  # the ledger's lineage the harvest consulted (None: none)
-    consumed_by: list[dict] = field(default_factory=list)  # [{run_id, version, n}]: who consumed them
-
-    def skip_reason(self) -> str | None:
-        """Why this window has nothing to train on, when that is not a data defect: no traffic at all, or
-        only episodes the lineage already trained on. None when there are episodes, or when the window's
-        traffic is all stale or excluded (the gates then say what is wrong with it)."""
-        window = f"[{self.start}, {self.end})"
-        if self.n_interactions == 0:
-            return f"no traffic in {window}: the lake has no interaction in this window, nothing to train on"
-        if self.n_episodes == 0 and self.n_consumed:
-            runs = ", ".join(f"run {c['run_id']} (v{c['version']}, {c['n']})" for c in self.consumed_by)
-            return (f"nothing new in {window}: all {self.n_consumed} episodes of policy v{self.policy_version} "
-                    f"were already trained on in lineage {self.lineage} by {runs or 'earlier runs'}")
-        return None
 
 
 def utc(ts: datetime, field: str) -> datetime:
@@ -316,6 +284,7 @@ def _write_manifest(cfg: Config, lake: Lake, result: HarvestResult, n_rules: int
 
 
 def read_manifest(lake: Lake, run_id: str) -> dict | None:
+    """The manifest as written, every key (rl_core.exclude extends it); a reader wants Lake.read_harvest."""
     path = lake.run(run_id).manifest
     return lake.read_json(path) if lake.exists(path) else None
 

@@ -20,6 +20,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rl_core.artifacts import HarvestResult
 from rl_core.config import Config
 from rl_core.ids import check_run_id
 
@@ -170,6 +171,12 @@ class Lake:
     def read_json(self, relpath: str) -> Any:
         with self.fs.open(self.path(relpath), "rb") as f:
             return json.loads(f.read())
+
+    def read_harvest(self, run_id: str) -> HarvestResult | None:
+        """The run's harvest.json as the HarvestResult the harvest wrote, or None before a harvest ran; a file
+        that is not one is a ValueError naming it (rl_core.artifacts: the type lives below the stages)."""
+        path = self.run(run_id).manifest
+        return HarvestResult.from_manifest(self.read_json(path), path) if self.exists(path) else None
 
     def list_files(self, relpath: str) -> list[str]:
         """Visible Parquet files below relpath (recursive), sorted; temp and hidden files skipped."""

@@ -24,7 +24,7 @@ the window updates the same run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from rl_core.config import Config
@@ -75,17 +75,14 @@ def first_in(states: dict[str, str], wanted: tuple[str, ...]) -> str | None:
     return next((s for s in STAGES if states.get(s) in wanted), None)
 
 
-def skip_reason(manifest: dict | None) -> str | None:
-    """Why the harvest skipped the window, from its manifest (rl_core.harvest.HarvestResult.skip_reason)."""
-    from rl_core.harvest import HarvestResult  # lazy: the harvest module imports DuckDB
-
-    if not manifest:
-        return None
-    known = {f.name for f in fields(HarvestResult)}
+def skip_reason(cfg: Config, run_id: str) -> str | None:
+    """Why the harvest skipped the window, from its manifest (rl_core.artifacts.HarvestResult.skip_reason);
+    None without one, or with another release's that lacks a field."""
     try:
-        return HarvestResult(**{k: v for k, v in manifest.items() if k in known}).skip_reason()
-    except TypeError:  # a manifest from another release, missing a field
+        harvested = Lake(cfg.lake_root).read_harvest(run_id)
+    except ValueError:
         return None
+    return harvested.skip_reason() if harvested else None
 
 
 def ab_part(ab: dict | None) -> str:
@@ -118,7 +115,7 @@ def _finished(cfg: Config, run_id: str, states: dict[str, str], dry_run: bool) -
     if skipped == "register" and dry_run:
         return "dry_run", "dry run: trained and evaluated, nothing registered", None
     if skipped is not None:
-        reason = skip_reason(read_manifest(cfg, run_id)) if skipped == "harvest" else None
+        reason = skip_reason(cfg, run_id) if skipped == "harvest" else None
         if reason is None and skipped == "register":  # EpisodesConsumed: another run registered them first
             reason = "register skipped: another run of the lineage registered these episodes while this one trained"
         return "skipped", reason or f"{skipped} skipped", None
@@ -134,12 +131,6 @@ def _finished(cfg: Config, run_id: str, states: dict[str, str], dry_run: bool) -
         return "registered", f"v{version} -> challenger", version
     refusal = _refusal("gate_promotion", read_verdicts(Lake(cfg.lake_root), run_id))  # deploy's own refusal
     return "registered", f"v{version}, challenger not moved" + (f": {refusal}" if refusal else ""), version
-
-
-def read_manifest(cfg: Config, run_id: str) -> dict | None:
-    from rl_core.harvest import read_manifest as read  # lazy: the harvest module imports DuckDB
-
-    return read(Lake(cfg.lake_root), run_id)
 
 
 def settle(cfg: Config, run_id: str | None, states: dict[str, Any], ab: dict | None = None,

@@ -8,9 +8,10 @@ leaves segments whose rows are all already in the lake, and the next pass writes
 One compactor per WAL at a time (flock on <wal>/.compact.lock), so the gateway's background pass and
 `rtrl collect compact` never race; and the whole pass holds the lake lock (rl_core.collect.locks), shared
 with `rtrl forget`, so a forget never runs while this pass holds rows read but not yet written.
-A row that cannot be written (a value its Parquet type cannot hold, a missing field, not an object) goes
-to quarantine/ with its reason (rl_core.collect.quarantine) and the rest of the pass lands: each partition
-is converted in one piece, and only when that fails is it bisected until every bad row is alone.
+A row that cannot be written (a value its Parquet type cannot hold, a missing field, not an object, logprobs
+that break the contract's rule, rl_core.schema.logprob_problem) goes to quarantine/ with its reason
+(rl_core.collect.quarantine) and the rest of the pass lands: each partition is converted in one piece, and
+only when that fails is it bisected until every bad row is alone.
 Data rights: pending forget requests are resumed first; rows under a recorded request (forget/registry.json)
 are dropped here, with the feedback of those interactions (forget/tombstones.json, which this pass extends
 with the ids it drops), so events still in flight when the request came never land.
@@ -34,7 +35,7 @@ from rl_core.collect.locks import FileLock, lake_lock
 from rl_core.collect.quarantine import MAX_REASON, Bad, reason_of
 from rl_core.forget import ForgetRules, add_tombstones_locked, load_registry, load_tombstones, resume_pending_locked
 from rl_core.lake import Lake
-from rl_core.schema import SCHEMAS, TS_COLUMN, to_table
+from rl_core.schema import SCHEMAS, TS_COLUMN, check_logprobs, to_table
 
 ID_COLUMN = {"interactions": "event_id", "feedback": "feedback_id"}
 TS_FIELDS = {"interactions": ("ts_request", "ts_response"), "feedback": ("ts",)}
@@ -94,6 +95,11 @@ def _prepare(kind: str, raw: Any, segment: str) -> _Row:
     for name in {ID_COLUMN[kind], *STRING_KEYS}:
         if not isinstance(row.get(name), str):
             raise TypeError(f"{name} must be a string, got {type(row.get(name)).__name__}")
+    lps, tokens = row.get("completion_logprobs"), row.get("completion_token_ids")
+    if kind == "interactions" and isinstance(lps, list) and isinstance(tokens, list):
+        # float32 holds NaN, +inf and 0.5, so Arrow would take them; the contract's one logprob rule does not
+        # (a row written past the gateway's models, or by an older gateway): quarantined, not landed
+        check_logprobs("completion_logprobs", lps, len(tokens))
     return _Row(kind, row, Lake.partition(kind, row[TS_COLUMN[kind]]), row[ID_COLUMN[kind]], raw, segment)
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from rl_core.config import Config
 from rl_core.duck import bind_files, connect, load_sql
-from rl_core.harvest import episodes_path, read_manifest, utc
+from rl_core.harvest import episodes_path, utc
 from rl_core.lake import Lake
 from rl_core.quality.gx import Check, Outcome, unexpected, validate
 from rl_core.registry import store
@@ -30,7 +30,6 @@ from rl_core.schema import (
     FEEDBACK_KINDS,
     FEEDBACK_SCHEMA,
     INTERACTIONS_SCHEMA,
-    LOGPROB_MAX,
     REWARDS_SCHEMA,
     SIGNALS,
 )
@@ -143,9 +142,10 @@ def _raw_frames(cfg: Config, lake: Lake, run_id: str, ifiles: list[str], ffiles:
     try:
         bind_files(con, lake, "interactions", ifiles, INTERACTIONS_SCHEMA)
         bind_files(con, lake, "feedback", ffiles, FEEDBACK_SCHEMA)
-        org = (read_manifest(lake, run_id) or {}).get("org_id")  # an org adapter's run judges its org's rows
+        harvested = lake.read_harvest(run_id)
+        org = harvested.org_id if harvested else None  # an org adapter's run judges its org's rows
         idf = con.sql(load_sql("quality/raw_interactions.sql"),
-                      params={"start": start, "end": end, "org_id": org, "logprob_max": LOGPROB_MAX}).df()
+                      params={"start": start, "end": end, "org_id": org}).df()
         fdf = con.sql(load_sql("quality/raw_feedback.sql"),
                       params={"start": start, "grace_end": grace_end, "org_id": org}).df()
     finally:
@@ -219,12 +219,13 @@ def gate_episodes(cfg: Config, run_id: str) -> Verdict:
     path = episodes_path(lake, run_id)
     if not lake.exists(path):
         raise FileNotFoundError(f"run {run_id!r} has no {path}: run `rtrl harvest` first")
-    manifest = read_manifest(lake, run_id) or {}
+    harvested = lake.read_harvest(run_id)
+    org, policy = (harvested.org_id, harvested.policy_version) if harvested else (None, None)
     problems = schema_problems(lake, [lake.path(path)], EPISODES_SCHEMA)
-    details = {"policy_version": manifest.get("policy_version")}
+    details = {"policy_version": policy}
     if problems:
         return _finish(lake, run_id, "gate_episodes", [], problems, details)
-    df = _read_run_file(cfg, lake, "quality/episodes.sql", path, logprob_max=LOGPROB_MAX)
+    df = _read_run_file(cfg, lake, "quality/episodes.sql", path)
     g = cfg.gates
     details |= {"episodes": len(df), "feedback_share": float(df["has_feedback"].mean()) if len(df) else 0.0}
     checks = _ids("event_id") + [
@@ -242,15 +243,14 @@ def gate_episodes(cfg: Config, run_id: str) -> Verdict:
         Check("ExpectColumnMeanToBeBetween", {"column": "has_feedback", "min_value": g.min_feedback_share},
               "share of episodes with feedback"),
     ]
-    if manifest.get("org_id"):  # an org adapter's run: one org by construction, and only that org
-        checks.append(Check("ExpectColumnValuesToBeInSet", {"column": "org_id", "value_set": [manifest["org_id"]]},
+    if org:  # an org adapter's run: one org by construction, and only that org
+        checks.append(Check("ExpectColumnValuesToBeInSet", {"column": "org_id", "value_set": [org]},
                             "only the adapter's own organisation"))
     else:  # the shared policy must not be dominated by one org
         checks.append(Check("ExpectColumnMaxToBeBetween", {"column": "org_share", "max_value": g.max_org_share},
                             "no single org above max_org_share"))
-    if manifest.get("policy_version") is not None:
-        checks.append(Check("ExpectColumnValuesToBeInSet",
-                            {"column": "policy_version", "value_set": [manifest["policy_version"]]},
+    if policy is not None:
+        checks.append(Check("ExpectColumnValuesToBeInSet", {"column": "policy_version", "value_set": [policy]},
                             "model_version + version_lag is the harvested policy version"))
     return _finish(lake, run_id, "gate_episodes", [validate(df, checks, "episodes")], [], details)
 

@@ -31,7 +31,7 @@ from datetime import datetime
 
 from rl_core.config import Config
 from rl_core.duck import connect, load_sql
-from rl_core.harvest import episodes_path, harvest, read_manifest
+from rl_core.harvest import episodes_path, harvest
 from rl_core.lake import Lake
 from rl_core.reports import Verdict, write_verdict
 from rl_core.rewards.score import rewards_path, score_run
@@ -205,9 +205,9 @@ def run_monitors(cfg: Config, run_id: str, parent_version: int, rates_from: str 
         tripped += [version] if found else []
     adapter_reasons, tripped_adapters, skipped_adapters = _judge_adapters(cfg, lake, run_id, rates, adapters)
     reasons += adapter_reasons
-    manifest = read_manifest(lake, run_id) or {}
+    harvested = lake.read_harvest(run_id)
     report = {"run_id": run_id, "rates_from": rates_from or run_id, "parent_version": parent_version,
-              "window_end": manifest.get("end", ""), "rates": {str(v): r for v, r in rates.items()},
+              "window_end": harvested.end if harvested else "", "rates": {str(v): r for v, r in rates.items()},
               "reference": reference, "reference_source": source, "compared": compared, "tripped": tripped,
               "skipped": {str(k): v for k, v in skipped.items()}, "adapters": adapters,
               "tripped_adapters": tripped_adapters, "skipped_adapters": skipped_adapters,
