@@ -138,15 +138,10 @@ def test_quality_sql_counts_what_the_rule_refuses(tmp_path):
         assert sql_bad == (logprob_problem(stored[i], len(TOKENS)) is not None), (cases[i], row.to_dict())
 
 
-TRAINER_TOLERANCE = pytest.mark.xfail(strict=True, reason="rl_core/train/data.py still passes LOGPROB_SLACK = 1e-4 "
-                                      "to sql/train/samples.sql: once that calls bad_logprobs() this passes")
-
-
-@pytest.mark.parametrize("values, needle", [pytest.param(v, n, marks=TRAINER_TOLERANCE) if v == [1e-6, -0.2]
-                                            else (v, n) for v, n in HOSTILE])
+@pytest.mark.parametrize("values, needle", HOSTILE)
 def test_trainer_refuses(values, needle):
-    """rl_core/train/data.py's own check (sql/train/samples.sql, not yet bad_logprobs()), on episodes typed as
-    the lake types them (-1e39 is -inf in float32): its tolerance above 0 is 1e-4."""
+    """rl_core/train/data.py's own check (sql/train/samples.sql's bad_logprobs(), the one rule), on episodes typed
+    as the lake types them (-1e39 is -inf in float32)."""
     from rl_core.config import TrainConfig
     from rl_core.train.data import DataError, build_samples
 

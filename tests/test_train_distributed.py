@@ -15,8 +15,8 @@ from lab.testing import synthetic
 from rl_core.lake import lake_from_config
 from rl_core.registry import store
 from rl_core.reports import GateFailed, read_verdict
+from rl_core.train.callbacks import FAULT_ENV
 from rl_core.train.launch import TrainFailed, train
-from rl_core.train.trainer import FAULT_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, field_validator
 
-from rl_core.config import REPO_ROOT, Config, load_config
+from rl_core.config import REPO_ROOT, Config, TrainConfig, load_config
 from rl_core.ids import check_run_id, mlflow_filter_value
 from rl_core.lake import Lake, lake_from_config
 from rl_core.registry import store
@@ -83,7 +83,7 @@ class TrainSummary(BaseModel):
         return v if v is None or math.isfinite(float(v)) else None
 
 
-def build_command(tc, spec_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
+def build_command(tc: TrainConfig, spec_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
     """The launcher command line and the extra environment for the workers."""
     py, mod = sys.executable, "rl_core.train.trainer"
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -243,10 +243,10 @@ def train(cfg: Config, run_id: str, base_version: int) -> TrainSummary:
     result_path.unlink(missing_ok=True)
     spec = TrainSpec(run_id=run_id, base_dir=str(base_dir), lake_root=cfg.lake_root, out_dir=str(out_dir),
                      adapter_dir=str(work / "adapter"), ds_dir=str(ds_dir), result_path=str(result_path),
-                     train=tc.model_dump(), tracking_uri=cfg.tracking_uri, mlflow_run_id=mlflow_run_id,
+                     train=tc, tracking_uri=cfg.tracking_uri, mlflow_run_id=mlflow_run_id,
                      meta={"parent_version": base_version, "inputs_hash": inputs_hash})
     spec_path = work / "spec.json"
-    spec_path.write_text(spec.model_dump_json(indent=2))
+    spec_path.write_text(spec.model_dump_json(indent=2))  # the one serialisation; the worker validates it once
     cmd, extra = build_command(tc, spec_path, free_port())
     t0 = time.time()
     rc, tail = _run_workers(cmd, _worker_env(cfg, extra), work / "train.log", tc.timeout_s)

@@ -27,9 +27,13 @@ Shapes: B sequences, C completion positions (right-aligned, masked where a seque
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from rl_core.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,8 @@ class LossConfig:
     entropy_coef: float = 0.0  # entropy bonus (subtracted from the loss)
 
     @classmethod
-    def from_train(cls, tc) -> LossConfig:
-        """From a config.TrainConfig."""
+    def from_train(cls, tc: TrainConfig) -> LossConfig:
+        """From a config.TrainConfig (the loss module stays importable without the config's dependencies)."""
         return cls(clip_eps=tc.clip_eps, is_cap=tc.is_cap, kl_coef=tc.kl_coef, entropy_coef=tc.entropy_coef)
 
 

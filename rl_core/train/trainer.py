@@ -3,23 +3,22 @@
 `python -m rl_core.train.trainer --spec SPEC.json`. It reads the run's episodes and rewards from the lake,
 updates the parent checkpoint for one epoch (on-policy: every episode once, by default), logs per-step
 metrics to MLflow from rank 0, saves the policy as an HF folder and writes a result JSON that the
-launcher turns into the summary and the "train" verdict. A DeepSpeed checkpoint every
-`checkpoint_every` optimizer steps lets a rerun after a crash continue where it stopped (the batch plan
-is deterministic, so the rerun skips exactly the micro batches already applied).
-RTRL_TRAIN_FAULT_AFTER_STEPS=N makes every rank exit with code 17 right after the checkpoint of step N:
-the hook the resume test uses to crash a real run.
+launcher turns into the summary and the "train" verdict. Each rank loads only its shard of the
+episodes (rl_core/train/data.py). Logging, checkpointing (a rerun after a crash resumes) and the fault
+hook the resume test crashes a run with (RTRL_TRAIN_FAULT_AFTER_STEPS) are callbacks
+(rl_core/train/callbacks.py), so the loop in run() only trains.
+The spec is one typed JSON document: the launcher writes it from a validated TrainConfig and the worker
+validates it once on reading (TrainSpec.model_validate_json); nothing downstream re-parses a dict.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,19 @@ from pydantic import BaseModel
 
 from rl_core.config import TrainConfig
 from rl_core.lake import Lake
-from rl_core.train.data import load_samples, plan_batches, to_tensors
+from rl_core.train.callbacks import Callbacks, Checkpointer, FaultInjector, MlflowLogger, ProgressBar
+from rl_core.train.data import Batch, DataStats, load_samples, plan_batches, to_tensors
 from rl_core.train.export import gather_state_dict, save_hf
 
-FAULT_ENV = "RTRL_TRAIN_FAULT_AFTER_STEPS"
-FAULT_EXIT = 17
 MEAN_KEYS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "is_weight_mean", "is_trunc_frac")
 
 
 class TrainSpec(BaseModel):
-    """Everything a worker needs, written by the launcher as JSON (the worker reads no config file)."""
+    """Everything a worker needs, written by the launcher as JSON (the worker reads no config file).
+
+    `train` is the TrainConfig itself, not a dump of it: the launcher passes the validated instance (kept
+    as is) and the worker's model_validate_json checks it with the rest of the spec, once.
+    """
 
     run_id: str
     base_dir: str
@@ -45,7 +47,7 @@ class TrainSpec(BaseModel):
     adapter_dir: str
     ds_dir: str
     result_path: str
-    train: dict[str, Any]  # a config.TrainConfig dump
+    train: TrainConfig
     tracking_uri: str = ""
     mlflow_run_id: str = ""
     meta: dict[str, Any] = {}
@@ -59,7 +61,7 @@ def use_bf16(precision: str) -> bool:
     return precision == "bf16"
 
 
-def ds_config(tc, bf16: bool) -> dict:
+def ds_config(tc: TrainConfig, bf16: bool) -> dict:
     """The DeepSpeed config for a TrainConfig: ZeRO stage, precision, accumulation, clipping, AdamW."""
     return {
         "train_micro_batch_size_per_gpu": tc.micro_batch_size,
@@ -78,7 +80,7 @@ def ds_config(tc, bf16: bool) -> dict:
     }
 
 
-def make_engine(policy, params, tc, bf16: bool, world: int):
+def make_engine(policy, params, tc: TrainConfig, bf16: bool, world: int):
     """The DeepSpeed engine the trainer (and bench/train_throughput.py) uses.
 
     With one rank and ZeRO-0 there is nothing to average, yet the engine would still copy every gradient
@@ -93,7 +95,7 @@ def make_engine(policy, params, tc, bf16: bool, world: int):
     return engine
 
 
-def _load_policy(spec: TrainSpec, tc, bf16: bool, device):
+def _load_policy(spec: TrainSpec, tc: TrainConfig, bf16: bool, device):
     """(policy to train, reference callable). LoRA: adapters on the policy; the reference is it without them."""
     import torch  # lazy: heavy (torch, transformers)
     from transformers import AutoModelForCausalLM
@@ -112,29 +114,11 @@ def _load_policy(spec: TrainSpec, tc, bf16: bool, device):
     return policy, reference_fn(ref_model=ref)
 
 
-def lora_config(tc):
+def lora_config(tc: TrainConfig):
     from peft import LoraConfig  # lazy: heavy (peft)
 
     return LoraConfig(r=tc.lora_r, lora_alpha=tc.lora_alpha, target_modules=list(tc.lora_targets),
                       lora_dropout=0.0, task_type="CAUSAL_LM")
-
-
-def _resume(engine, ds_dir: Path) -> tuple[int, list[dict]]:
-    if not (ds_dir / "latest").is_file():
-        return 0, []
-    path, client = engine.load_checkpoint(str(ds_dir))
-    if path is None or not client:  # unreadable: train from the parent instead of from a half state
-        raise RuntimeError(f"cannot resume from {ds_dir}; delete it to start the update over")
-    return int(client["step"]), list(client["history"])
-
-
-def _checkpoint(engine, ds_dir: Path, step: int, history: list[dict], rank: int) -> None:
-    tag = f"step{step:06d}"
-    engine.save_checkpoint(str(ds_dir), tag=tag, client_state={"step": step, "history": history})
-    if rank == 0:  # keep only the latest tag
-        for old in ds_dir.glob("step*"):
-            if old.is_dir() and old.name != tag:
-                shutil.rmtree(old, ignore_errors=True)
 
 
 def _grad_norm(params) -> float:
@@ -159,28 +143,8 @@ def _reduce(sums: dict[str, float], maxes: dict[str, float], device) -> tuple[di
     return dict(zip(ks, a.tolist(), strict=True)), dict(zip(km, b.tolist(), strict=True))
 
 
-class _MlflowLog:
-    """Per-step metrics to the launcher's MLflow run (rank 0 only; a no-op without a run id)."""
-
-    def __init__(self, spec: TrainSpec, rank: int):
-        self.client = None
-        self.run_id = spec.mlflow_run_id
-        if rank == 0 and spec.mlflow_run_id and spec.tracking_uri:
-            from mlflow import MlflowClient  # lazy: heavy (mlflow)
-
-            self.client = MlflowClient(tracking_uri=spec.tracking_uri)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if self.client is None:
-            return
-        from mlflow.entities import Metric  # lazy: heavy (mlflow)
-
-        ts = int(time.time() * 1000)
-        rows = [Metric(f"train/{k}", float(v), ts, step) for k, v in metrics.items() if math.isfinite(v)]
-        self.client.log_batch(self.run_id, metrics=rows)
-
-
-def _optimizer_step(engine, micro_batches: list, tc, lc, ref, params: list, device) -> dict[str, float]:
+def _optimizer_step(engine, micro_batches: list[Batch], tc: TrainConfig, lc, ref, params: list,
+                    device) -> dict[str, float]:
     """One optimizer step over grad_accum micro-batches; its metrics, token-weighted over every rank."""
     from rl_core.train.step import compute_loss  # lazy: heavy (torch)
 
@@ -209,83 +173,93 @@ def _optimizer_step(engine, micro_batches: list, tc, lc, ref, params: list, devi
                   "completion_tokens": sums["tokens"], "step_s": dt}
 
 
-def run(spec: TrainSpec) -> int:
-    """Train; returns the process exit code (0 ok)."""
-    t_start = time.time()
+@dataclass
+class _Rank:
+    rank: int
+    world: int
+    device: Any  # torch.device
+    bf16: bool
+
+
+def _init_distributed(tc: TrainConfig) -> _Rank:
+    """Join the process group (NCCL on GPUs, gloo on CPUs) and seed torch: this rank's place and device."""
     import deepspeed  # lazy: heavy (torch, deepspeed)
     import torch
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
-    from tqdm import tqdm
 
-    from rl_core.train.loss import LossConfig
-
-    tc = TrainConfig.model_validate(spec.train)
     cuda = torch.cuda.is_available()
     if cuda:
         get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(get_accelerator().current_device_name())
     torch.manual_seed(tc.seed)
-    bf16 = use_bf16(tc.precision)
+    return _Rank(dist.get_rank(), dist.get_world_size(), torch.device(get_accelerator().current_device_name()),
+                 use_bf16(tc.precision))
 
-    samples, stats = load_samples(Lake(spec.lake_root), spec.run_id, tc)
-    policy, ref = _load_policy(spec, tc, bf16, device)
+
+def run(spec: TrainSpec) -> int:
+    """Train; returns the process exit code (0 ok)."""
+    t_start = time.time()
+    import torch.distributed as dist  # lazy: heavy (torch)
+
+    from rl_core.train.loss import LossConfig
+
+    tc = spec.train
+    r = _init_distributed(tc)
+    samples, stats = load_samples(Lake(spec.lake_root), spec.run_id, tc, r.rank, r.world)  # this rank's shard
+    policy, ref = _load_policy(spec, tc, r.bf16, r.device)
     pad_id = next((i for i in (policy.config.pad_token_id, policy.config.eos_token_id) if isinstance(i, int)), 0)
-    batches = plan_batches(samples, tc, rank, world, pad_id)  # pads are masked out: any valid id does
+    batches = plan_batches(samples, tc, r.rank, r.world, pad_id, total=stats.episodes)  # pads are masked out
     total_steps = len(batches) // tc.grad_accum
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
     params = [p for p in policy.parameters() if p.requires_grad]
-    engine = make_engine(policy, params, tc, bf16, world)
-    ds_dir = Path(spec.ds_dir)
-    start_step, history = _resume(engine, ds_dir)
+    engine = make_engine(policy, params, tc, r.bf16, r.world)
+    fault = FaultInjector.from_env()
+    ckpt = Checkpointer(engine, Path(spec.ds_dir), r.rank, tc.checkpoint_every, also_at=fault.at)
+    start_step, history = ckpt.resume()
     t_ready = time.time()
-    lc, log = LossConfig.from_train(tc), _MlflowLog(spec, rank)
-    fault_at = int(os.environ.get(FAULT_ENV, "0") or 0)
+    bar = ProgressBar(total_steps, start_step, r.rank, f"train {spec.run_id}")
+    fault.before_exit = bar.close
+    callbacks = Callbacks([MlflowLogger(spec.tracking_uri, spec.mlflow_run_id, r.rank), bar, ckpt, fault])
+    lc = LossConfig.from_train(tc)
     engine.train()
 
-    bar = tqdm(total=total_steps, initial=start_step, disable=rank != 0, file=sys.stderr, mininterval=1.0,
-               desc=f"train {spec.run_id}", unit="step")
     for step in range(start_step, total_steps):
         micro = batches[step * tc.grad_accum:(step + 1) * tc.grad_accum]
-        rec = _optimizer_step(engine, micro, tc, lc, ref, params, device) | {"step": step + 1}
+        rec = _optimizer_step(engine, micro, tc, lc, ref, params, r.device) | {"step": step + 1}
         history.append(rec)
-        log.log(step + 1, {k: v for k, v in rec.items() if k != "step"})
-        bar.update(1)
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", kl=f"{rec['kl']:.4f}", tok_s=f"{rec['tokens_per_s']:.0f}")
-        last = step + 1 == total_steps
-        if tc.checkpoint_every and ((step + 1) % tc.checkpoint_every == 0 or (fault_at and step + 1 == fault_at)) \
-                and not last:
-            _checkpoint(engine, ds_dir, step + 1, history, rank)
-        if fault_at and step + 1 == fault_at and not last:
-            bar.close()
-            print(f"{FAULT_ENV}={fault_at}: exiting after the checkpoint of step {fault_at}", file=sys.stderr)
-            sys.stdout.flush()
-            os._exit(FAULT_EXIT)
-    bar.close()
+        callbacks.on_step_end(step + 1, rec, last=step + 1 == total_steps)
+    callbacks.on_train_end()
     t_trained = time.time()
 
-    sd = gather_state_dict(engine, tc.zero_stage, rank)
-    if rank == 0:
-        meta = {"kind": "trained", "run_id": spec.run_id, "steps": len(history), **spec.meta}
-        save_hf(sd, Path(spec.base_dir), Path(spec.out_dir), meta,
-                lora=lora_config(tc) if tc.lora else None, adapter_dir=Path(spec.adapter_dir))
-        result = {
-            "status": "ok", "steps": len(history), "resumed_from_step": start_step, "world_size": world,
-            "zero_stage": tc.zero_stage, "precision": "bf16" if bf16 else "fp32", "device": str(device),
-            "data": asdict(stats) | {"truncated": stats.truncated}, "micro_batches_per_rank": len(batches),
-            "history": history, "startup_s": t_ready - t_start, "train_s": t_trained - t_ready,
-            "total_s": time.time() - t_start, "out_dir": spec.out_dir,
-            "adapter_dir": spec.adapter_dir if tc.lora else None,
-        }
-        tmp = Path(spec.result_path).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, spec.result_path)
+    sd = gather_state_dict(engine, tc.zero_stage, r.rank)
+    if r.rank == 0:
+        timing = {"startup_s": t_ready - t_start, "train_s": t_trained - t_ready}
+        _save(spec, r, sd, stats, history, start_step, len(batches), timing, t_start)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _save(spec: TrainSpec, r: _Rank, sd: dict, stats: DataStats, history: list[dict], start_step: int,
+          n_batches: int, timing: dict[str, float], t_start: float) -> None:
+    """Rank 0: the policy as an HF folder (and the LoRA adapter), then the result JSON the launcher reads
+    (total_s counts the save too)."""
+    tc = spec.train
+    meta = {"kind": "trained", "run_id": spec.run_id, "steps": len(history), **spec.meta}
+    save_hf(sd, Path(spec.base_dir), Path(spec.out_dir), meta,
+            lora=lora_config(tc) if tc.lora else None, adapter_dir=Path(spec.adapter_dir))
+    result = {
+        "status": "ok", "steps": len(history), "resumed_from_step": start_step, "world_size": r.world,
+        "zero_stage": tc.zero_stage, "precision": "bf16" if r.bf16 else "fp32", "device": str(r.device),
+        "data": asdict(stats) | {"truncated": stats.truncated}, "micro_batches_per_rank": n_batches,
+        "history": history, **timing, "total_s": time.time() - t_start, "out_dir": spec.out_dir,
+        "adapter_dir": spec.adapter_dir if tc.lora else None,
+    }
+    tmp = Path(spec.result_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, spec.result_path)
 
 
 def main(argv: list[str] | None = None) -> int:
