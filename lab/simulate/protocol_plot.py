@@ -1,10 +1,13 @@
 """The picture of a protocol (learning_curves.png): the mean reward and each watched feature's rate per cycle,
-one line per seed, each org's line on its convention; a replay protocol adds each org adapter's change against
-v1 on the same requests. Drawn from the summaries alone, so `rtrl experiment --protocol F --report` redraws it."""
+one line per seed, each org's line on its convention; a protocol whose registered outcome is not the reward adds
+that outcome's paired change per seed; a replay protocol adds each org adapter's change against v1 on the same
+requests. Drawn from the summaries alone, so `rtrl experiment --protocol F --report` redraws it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from lab.simulate.protocol_report import PRIMARY_LABELS
 
 
 def plot(summaries: list[dict], features: list[str], path: Path, guard_tolerance: float | None = None) -> Path:
@@ -19,8 +22,9 @@ def plot(summaries: list[dict], features: list[str], path: Path, guard_tolerance
 
     shaped = {f for s in summaries if s.get("replay") for f in (s.get("orgs") or {}).get("shape", {})}
     changes = bool(shaped)  # a replay protocol's summaries carry each org's change in the answer's shape
+    primary = any(s.get("primary_metric", "mean_reward") != "mean_reward" for s in summaries)
     m = 1 + len(features)  # the reward's panel and one per feature
-    n = m + changes
+    n = m + changes + primary
     fig, grid = plt.subplots((n + 2) // 3, min(n, 3), figsize=(5 * min(n, 3), 4 * ((n + 2) // 3)), squeeze=False)
     axes = list(grid.flat)
     for ax in axes[n:]:
@@ -49,6 +53,8 @@ def plot(summaries: list[dict], features: list[str], path: Path, guard_tolerance
         ax.set_ylim(0, 1)
     if changes:
         _plot_changes(axes[m], summaries, guard_tolerance)
+    if primary:
+        _plot_primary(axes[m + changes], summaries)
     ticks = sorted({c["cycle"] for s in summaries for c in s["cycles"]} | ({1, 2} if replayed else set()))
     for ax in axes[:m]:
         ax.set_xticks(ticks, ["v1", "org adapter (replay)"] if replayed else [str(t) for t in ticks])
@@ -88,5 +94,22 @@ def _plot_changes(ax, summaries: list[dict], guard_tolerance: float | None) -> N
         ax.axhline(-guard_tolerance, color="red", linestyle=":", linewidth=1, label=f"guard: {guard} > -{guard_tolerance:g}")
     ax.set_xticks(range(len(feats)), feats, rotation=15)
     ax.set_title("org adapter - v1 on the same requests (per user, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _plot_primary(ax, summaries: list[dict]) -> None:
+    """The registered outcome (e.g. edits persisted on held-out requests): each seed's per-user paired change, last
+    cycle against v1, with its 95% CI; what the rule judges, beside the reward it is not."""
+    metrics = {s.get("primary_metric", "mean_reward") for s in summaries}
+    label = PRIMARY_LABELS.get(next(iter(metrics)), "primary") if len(metrics) == 1 else "primary outcome"
+    for i, s in enumerate(summaries):
+        p = s["primary"]
+        ax.errorbar([i], [p["diff"]], yerr=[[p["diff"] - p["ci_low"]], [p["ci_high"] - p["diff"]]], capsize=4,
+                    marker="o", color=f"C{i}", label=f"seed {s['seed']}: {p['first_mean']:.3f} -> {p['last_mean']:.3f}, "
+                                                      f"{p['n_users']} users")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(summaries)), [f"seed {s['seed']}" for s in summaries])
+    ax.set_title(f"primary: {label}, last - v1 (per user, paired, 95% CI)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
