@@ -1,12 +1,20 @@
 """
 ### realtime_rl_orgs: per-organisation LoRA adapters, one mapped task per organisation
 
-Same schedule and windows as `realtime_rl` (same run ids). Each live adapter is judged: `org_ab`, mapped over the
-orgs with a live adapter, runs the org's A/B on the window (the adapter's users against the org's users on the
-base alone, `[orgs] ab_share`) and carries it out: promote keeps it live, rollback takes it off the org's traffic
-(seconds; should a new adapter of the org go live first, the verdict is stale and moves nothing). Beside it, the
-window's harvest (idempotent: the same file the cycle writes), then `adapt_org` mapped over the orgs with enough
-episodes (dynamic task mapping); a failed A/B stops no org's training.
+Scheduled on the `rtrl_episodes` Asset: a `realtime_rl` run whose episodes were harvested and passed gate_raw and
+gate_episodes emits it, with its window in the event's extra (run id, start, end, the policy version harvested for,
+dry_run), and this DAG's run trains on exactly that window and those episodes (the cycle's file, gated and with a
+quarantined org's episodes excluded: no second harvest). A refused or skipped cycle emits no event, so no org run
+follows it. Should several events queue while a run is busy (max one active run), the next run takes the newest
+window and names the windows it leaves out in the `window` task's log (run those by hand). A manual run names its
+window with the `start`/`end` params (a backfill of one window; else its data interval, else the latest grid
+window) and harvests it itself.
+
+Each live adapter is judged: `org_ab`, mapped over the orgs with a live adapter, runs the org's A/B on the window
+(the adapter's users against the org's users on the base alone, `[orgs] ab_share`) and carries it out: promote
+keeps it live, rollback takes it off the org's traffic (seconds; should a new adapter of the org go live first, the
+verdict is stale and moves nothing). Beside it, `org_targets` lists the orgs with enough episodes and `adapt_org`
+is mapped over them (dynamic task mapping); a failed A/B stops no org's training.
 Each org is its own task instance: its episodes only, a LoRA update of the champion, paired evals on the
 shared suite and on the org's tasks, registration as `rtrl-adapter-<org>` and the `live` alias when every
 adapter verdict passed. A failing org fails its own instance; the others still train, evaluate and deploy;
@@ -17,20 +25,14 @@ and the cycle's promotion path stays exactly as it is. This file holds no busine
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
-from pathlib import Path
+from typing import Any
 
-from airflow.sdk import Param, dag, get_current_context, task
-
-try:
-    from rtrl_operators.grid_timetable import GridTimetable
-except ImportError:  # plugins folder not on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins"))
-    from rtrl_operators.grid_timetable import GridTimetable
+from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from rl_core.config import load_config
 from rl_core.lake import Lake
+from rl_core.pipeline import ORG_CYCLE, check_dag
 from rl_core.runtime.procs import private_state
 from rl_core.window import (
     PARAM_TS_HELP,
@@ -38,6 +40,7 @@ from rl_core.window import (
     PARAM_TS_PATTERN,
     SCHEDULE_ANCHOR,
     CycleRun,
+    check_window,
     resolve_window,
 )
 
@@ -45,22 +48,59 @@ from rl_core.window import (
 # reports, checkpoints) is its user's alone (umask 077), as under the `rtrl` command (rl_core/cli.py).
 private_state()
 AF = load_config().airflow
+# realtime_rl's gate_episodes emits it (name and uri are the Asset's identity; tests/test_orgs_asset.py holds the
+# two declarations equal). Declared here, not imported: importing the other DAG file would build that DAG too.
+EPISODES = Asset(name="rtrl_episodes", uri="x-rtrl://lake/runs/episodes", group="rtrl")
 
 
-@task(retries=0, doc_md="The harvest window and run id (as realtime_rl resolves them) and the policy version.")
+def cycle_event(ctx: Any) -> Any | None:
+    """The newest rtrl_episodes event that triggered this run (None for a manual run), the ones it leaves out named
+    in the log: events that queued while a run was busy all land in the next run, which trains on one window."""
+    try:
+        events = list(ctx.get("triggering_asset_events", {})[EPISODES])
+    except KeyError:
+        return None
+    events.sort(key=lambda e: e.timestamp)
+    for old in events[:-1]:
+        print(f"left out: the window of {old.source_dag_id} run {old.source_run_id} ({old.extra}); run this DAG "
+              "by hand with its start/end to train on it")
+    return events[-1] if events else None
+
+
+def from_event(event: Any) -> CycleRun:
+    """The window, policy version and dry_run of the realtime_rl run that emitted event (its extra), checked."""
+    try:
+        run = CycleRun.from_xcom(event.extra)
+        check_window(run.window.start, run.window.end, load_config().harvest.max_window_hours)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the rtrl_episodes event of {event.source_dag_id} run {event.source_run_id} names no "
+                         f"window ({exc}; extra {event.extra!r}): trigger this DAG with start/end instead") from None
+    print(f"triggered by {event.source_dag_id} run {event.source_run_id}: its window and episodes")
+    return run
+
+
+@task(retries=0, doc_md="The window and run id: the triggering rtrl_episodes event's (the realtime_rl run that "
+                        "harvested and gated it), else the start/end params, else the data interval; and the "
+                        "policy version (the event's, else the param, else the champion).")
 def window() -> dict:
     from rl_core.registry.store import version_for_alias  # lazy: keeps DAG parsing light
 
     ctx = get_current_context()
-    p = ctx["params"]
-    cfg = load_config()
-    w = resolve_window(p, ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours,
-                       max_hours=cfg.harvest.max_window_hours)
-    policy = p.get("policy_version") or version_for_alias(cfg, "champion")
+    p, cfg = ctx["params"], load_config()
+    event = cycle_event(ctx)
+    if event is not None:
+        src = from_event(event)
+        w, policy, dry = src.window, src.policy_version, src.dry_run or bool(p.get("dry_run"))
+    else:
+        w = resolve_window(p, ctx.get("data_interval_start"), ctx.get("data_interval_end"), AF.schedule_hours,
+                           max_hours=cfg.harvest.max_window_hours)
+        policy, dry = p.get("policy_version"), bool(p.get("dry_run"))
+    policy = policy or version_for_alias(cfg, "champion")
     if policy is None:
         raise RuntimeError("no policy_version param and no `champion` alias: run `rtrl init` first")
-    return CycleRun(w, bool(p.get("dry_run")), int(policy), airflow_run_id=ctx["run_id"]).to_xcom(
-        min_episodes=p.get("min_episodes"))
+    print(f"rtrl run {w.run_id}: window [{w.start.isoformat()}, {w.end.isoformat()}) of Airflow run {ctx['run_id']}")
+    return CycleRun(w, dry, int(policy), airflow_run_id=ctx["run_id"]).to_xcom(
+        min_episodes=p.get("min_episodes"), cycle_run=event.source_run_id if event is not None else None)
 
 
 @task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
@@ -85,16 +125,19 @@ def org_ab(w: dict, org: str) -> dict:
 
 
 @task(retries=AF.retries, retry_delay=timedelta(seconds=AF.retry_delay_s),
-      doc_md="The window's episodes (opt-out and forget applied) and the orgs with enough of them.")
+      doc_md="The orgs with enough of the window's episodes (opt-out and forget applied): the cycle run's, gated, "
+             "when its rtrl_episodes event triggered this run; a manual run harvests them first.")
 def org_targets(w: dict) -> list[str]:
     from rl_core.harvest import harvest  # lazy: keeps DAG parsing light
     from rl_core.ledger import lineage_of
     from rl_core.orgs.branch import org_targets as targets
 
     cfg, run = load_config(), CycleRun.from_xcom(w)
-    # the ledger as realtime_rl's harvest consults it: both DAGs write this run's episodes.parquet, identically
     win = run.window
-    harvest(cfg, win.start, win.end, run.policy, win.run_id, lineage=lineage_of(cfg, run.policy))
+    if w.get("cycle_run"):  # rewriting the cycle's file would undo its `exclude` while the cycle still reads it
+        print(f"episodes of realtime_rl run {w['cycle_run']}: harvested, gate_raw and gate_episodes passed")
+    else:  # the ledger as realtime_rl's harvest consults it: the same file the cycle writes for this window
+        harvest(cfg, win.start, win.end, run.policy, win.run_id, lineage=lineage_of(cfg, run.policy))
     orgs = targets(cfg, run.run_id, w.get("min_episodes"))
     print(f"orgs with enough episodes: {orgs}")
     return orgs
@@ -132,7 +175,7 @@ def report(w: dict, orgs: list[str]) -> dict:
 
 @dag(
     dag_id=f"{AF.dag_id}_orgs",
-    schedule=GridTimetable(AF.schedule_hours, SCHEDULE_ANCHOR),  # realtime_rl's windows
+    schedule=EPISODES,  # each realtime_rl run whose episodes passed their gates; its window in the event
     start_date=SCHEDULE_ANCHOR,
     catchup=False,
     max_active_runs=1,
@@ -158,4 +201,4 @@ def realtime_rl_orgs():
     [done, judged] >> report(w, orgs)
 
 
-realtime_rl_orgs()
+check_dag(realtime_rl_orgs(), ORG_CYCLE, "ORG_CYCLE")  # the tasks above are rl_core.stages.ORG_CYCLE's, in its order

@@ -30,7 +30,9 @@ traffic, or only episodes the policy's lineage already trained on: the ledger, r
 `harvest` with the reason, and the rest ends `skipped`.
 The Assets (`rtrl_episodes` on gate_episodes, `rtrl_rewards` on gate_rewards, `rtrl_checkpoint` on train, `rtrl_eval` on
 evaluate, `rtrl_registry` on register) are emitted by the task after which their stage is done, so a refused or
-skipped window emits none for a stage it did not finish.
+skipped window emits none for a stage it did not finish. The `rtrl_episodes` event carries the run's window in its
+extra (run id, start, end, policy version, dry_run, Airflow run id): it schedules `realtime_rl_orgs`, which trains
+the org adapters on exactly that window.
 `dry_run` computes everything but leaves the registry alone (no A/B alias move, no registration, no deploy).
 
 This file holds no business logic: every task calls rl_core (design.md, "the cycle contract").
@@ -38,21 +40,16 @@ This file holds no business logic: every task calls rl_core (design.md, "the cyc
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
-from pathlib import Path
+from typing import Any
 
 from airflow.sdk import Asset, Param, TaskGroup, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-try:
-    from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
-    from rtrl_operators.grid_timetable import GridTimetable
-except ImportError:  # plugins folder not on sys.path (e.g. a DAG folder configured without it)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins"))
-    from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
-    from rtrl_operators.grid_timetable import GridTimetable
+# importable wherever Airflow runs: Airflow adds its plugins folder (AIRFLOW__CORE__PLUGINS_FOLDER) to the import path
+from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
 from rl_core.lake import Lake
@@ -317,6 +314,14 @@ def outcome() -> str:
     return line
 
 
+def announce_episodes(context: Any, _result: Any = None) -> None:
+    """gate_episodes' post_execute hook: its rtrl_episodes event carries the run's window (run id, start, end, the
+    policy version harvested for, dry_run, the Airflow run id) in its extra, and realtime_rl_orgs, scheduled on that
+    Asset, trains on exactly that window instead of deriving one of its own. The hook runs only after the gate
+    passed, and Airflow records a task's asset events only when it succeeds: a refused or skipped run emits none."""
+    context["outlet_events"][EPISODES].extra = CycleRun.from_xcom(context["task"].window).to_xcom()
+
+
 @dag(
     dag_id=AF.dag_id,
     schedule=GridTimetable(AF.schedule_hours, SCHEDULE_ANCHOR),  # data interval = harvest window, on the grid
@@ -356,7 +361,10 @@ def realtime_rl():
         g_raw = DataQualityGateOperator(task_id="gate_raw", check="gate_raw", window=hw,
                                         doc_md="GX suite on the window's raw events; fails with the report.")
         g_ep = DataQualityGateOperator(task_id="gate_episodes", check="gate_episodes", window=hw, outlets=[EPISODES],
-                                       doc_md="GX suite on episodes.parquet (lengths, logprobs, version lag).")
+                                       post_execute=announce_episodes,  # the event's extra: the window
+                                       doc_md="GX suite on episodes.parquet (lengths, logprobs, version lag); "
+                                              "once it passes, the rtrl_episodes event carries the window to "
+                                              "realtime_rl_orgs.")
         ex = exclude(hw)
         g_raw >> ex >> g_ep
     with TaskGroup("rewards", tooltip="rewards + gate"):

@@ -113,12 +113,17 @@ def scheduler_run(cfg: Config, w: Window, log: Path, dag_id: str, conf: dict[str
 
 
 def dag_test(dag_id: str, w: Window, conf: dict[str, Any]) -> str:
-    """One `dag.test()` of dag_id in this process, its data interval exactly w (GridTimetable.manual_window:
-    `airflow dags test` can only infer a grid window from a logical date); the run's state."""
+    """One `dag.test()` of dag_id in this process on window w; the run's state. On the grid (realtime_rl) w is its
+    data interval (GridTimetable.manual_window: `airflow dags test` can only infer a grid window from a logical
+    date); a DAG scheduled on an Asset (realtime_rl_orgs, on rtrl_episodes) gets w as its start/end params, its
+    manual path, since no realtime_rl run's event triggers this run."""
     from airflow.dag_processing.dagbag import DagBag  # lazy: keeps rtrl --help fast
 
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags[dag_id]
-    dag.timetable.manual_window = (w.start, w.end)
+    if hasattr(dag.timetable, "manual_window"):
+        dag.timetable.manual_window = (w.start, w.end)
+    else:
+        conf = {"start": w.start.isoformat(), "end": w.end.isoformat(), **conf}
     return str(dag.test(run_conf=conf).state)
 
 

@@ -4,8 +4,8 @@ Why one table: the cycle was assembled in four places (the DAG, the gate operato
 simulator's scenario) and they drifted: an org adapter was trained and went live without the data-quality
 gates or the reward-hacking monitors that the main cycle requires. Now the gate operator's checks, the
 verdicts the promotion gate requires, the verdicts an org adapter requires, and the gates the org path runs
-are all read from here, so a path cannot skip one without a visible edit to this file; the DAG checks its
-own tasks against CYCLE when it is parsed (check_dag).
+are all read from here, so a path cannot skip one without a visible edit to this file; each DAG checks its
+own tasks when it is parsed (check_dag: realtime_rl against CYCLE, realtime_rl_orgs against ORG_CYCLE).
 
 A gate is `fn(cfg, *args) -> Verdict` (or raises GateFailed carrying one); it judges and writes its verdict
 under the run, nothing else. The stages between gates (harvest, exclude, score, train, evaluate, register, deploy, outcome) stay
@@ -20,7 +20,7 @@ from typing import Any
 
 from rl_core.config import Config
 from rl_core.reports import GateFailed, Verdict
-from rl_core.stages import ADAPTER_VERDICTS, BEFORE_TRAIN, CYCLE, REQUIRED_VERDICTS  # noqa: F401 (re-exported)
+from rl_core.stages import ADAPTER_VERDICTS, BEFORE_TRAIN, CYCLE, ORG_CYCLE, REQUIRED_VERDICTS  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,19 @@ GATES: tuple[Gate, ...] = (
 )
 BY_NAME = {g.name: g for g in GATES}
 
-def check_dag(dag: Any) -> None:
-    """The DAG's tasks (group prefixes dropped) are CYCLE's, each downstream of the one before it in CYCLE;
-    realtime_rl calls this when it is parsed, so a DAG that drifts from the one definition fails to import."""
+def check_dag(dag: Any, chains: tuple[tuple[str, ...], ...] = (CYCLE,), name: str = "CYCLE") -> None:
+    """The DAG's tasks (group prefixes dropped) are those of chains, each downstream of the one before it in its
+    chain: realtime_rl calls this with CYCLE when it is parsed, realtime_rl_orgs with ORG_CYCLE, so a DAG that
+    drifts from the one definition fails to import."""
     tasks = {t.task_id.rsplit(".", 1)[-1]: t for t in dag.tasks}
-    if len(tasks) != len(dag.tasks) or set(tasks) != set(CYCLE):
-        raise ValueError(f"DAG {dag.dag_id} has tasks {sorted(t.task_id for t in dag.tasks)}, not pipeline.CYCLE "
-                         f"{list(CYCLE)}")
-    for before, after in zip(CYCLE, CYCLE[1:], strict=False):
-        if tasks[before].task_id not in tasks[after].get_flat_relative_ids(upstream=True):
-            raise ValueError(f"DAG {dag.dag_id}: {tasks[after].task_id} must run after {tasks[before].task_id} "
-                             "(pipeline.CYCLE)")
+    if len(tasks) != len(dag.tasks) or set(tasks) != {n for chain in chains for n in chain}:
+        raise ValueError(f"DAG {dag.dag_id} has tasks {sorted(t.task_id for t in dag.tasks)}, not pipeline.{name} "
+                         + " | ".join(" -> ".join(chain) for chain in chains))
+    for chain in chains:
+        for before, after in zip(chain, chain[1:], strict=False):
+            if tasks[before].task_id not in tasks[after].get_flat_relative_ids(upstream=True):
+                raise ValueError(f"DAG {dag.dag_id}: {tasks[after].task_id} must run after {tasks[before].task_id} "
+                                 f"(pipeline.{name})")
 
 
 def callable_of(path: str):

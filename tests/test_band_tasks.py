@@ -17,7 +17,7 @@ from evals.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 BAND = ROOT / "bench" / "band"
-BANKS = [ROOT / "rl_core" / "simulate" / "tasks", ROOT / "evals" / "tasks"]
+BANKS = [ROOT / "lab" / "simulate" / "tasks", ROOT / "evals" / "tasks"]
 KINDS = ("bugfix", "feature", "refactor", "write_test")
 # the fast check's fixed sample: 3 per kind, the odd shapes among them (a class, None, a docstring stub, a missing
 # function, type hints, two renamed parameters, an extracted helper, mutants that need a chosen input)

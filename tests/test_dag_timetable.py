@@ -77,12 +77,18 @@ def test_a_manual_run_with_a_logical_date_gets_the_grid_window_before_it(schedul
     assert (on_point.start, on_point.end) == (DEC1 + 4 * H, DEC1 + 9 * H)
 
 
-def test_both_dags_share_the_grid_and_the_plugin_registers_it():
+def test_the_cycle_runs_on_the_grid_the_plugin_registers_and_the_org_dag_on_its_episodes():
+    """realtime_rl_orgs no longer shares the grid: it runs on the rtrl_episodes Asset realtime_rl emits, the window
+    in the event (tests/test_orgs_asset.py), and serializes as the scheduler loads it."""
     from airflow import plugins_manager
     from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
     from rtrl_operators.grid_timetable import GridTimetable
 
     assert plugins_manager.get_timetables_plugins()["rtrl_operators.grid_timetable.GridTimetable"] is GridTimetable
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}
-    assert bag.dags["realtime_rl"].timetable == bag.dags["realtime_rl_orgs"].timetable == GridTimetable(5)
+    assert bag.dags["realtime_rl"].timetable == GridTimetable(5)
+    orgs = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(bag.dags["realtime_rl_orgs"]))
+    assert type(orgs.timetable).__name__ == "AssetTriggeredTimetable", orgs.timetable
+    assert [key.name for key, _ in orgs.timetable.asset_condition.iter_assets()] == ["rtrl_episodes"]

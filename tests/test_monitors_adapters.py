@@ -59,7 +59,7 @@ def test_the_rollback_takes_a_tripped_live_adapter_off_its_orgs_traffic(register
     cfg = registered
     folder = tmp_path / "adapter"
     folder.mkdir()
-    (folder / "adapter_registry.json").write_text(json.dumps({"r": 4}))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 4}))
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
     av = register_adapter_folder(cfg, "org-acme", folder, {"parent_version": 1, "run_id": "manual"})
     acfg = adapter_registry(cfg, "org-acme")

@@ -37,6 +37,30 @@ def test_dag_maps_adapt_org_over_orgs_and_reports_whatever_happens():
     assert "adapt_org" in dag.get_task("org_targets").downstream_task_ids
 
 
+def test_an_org_dag_that_drifts_from_org_cycle_fails_its_import():
+    """realtime_rl_orgs calls pipeline.check_dag with ORG_CYCLE when parsed, as realtime_rl does with CYCLE: a task
+    missing, or one that no longer waits for the one before it in its chain, is refused."""
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG
+
+    from rl_core import pipeline
+
+    def dag_of(dag_id: str, chains):
+        with DAG(dag_id, schedule=None) as d:
+            ops = {n: EmptyOperator(task_id=n) for n in dict.fromkeys(n for chain in chains for n in chain)}
+            for chain in chains:
+                for a, b in zip(chain, chain[1:], strict=False):
+                    ops[a] >> ops[b]
+        return d
+
+    pipeline.check_dag(dag_of("same", pipeline.ORG_CYCLE), pipeline.ORG_CYCLE, "ORG_CYCLE")
+    with pytest.raises(ValueError, match="not pipeline.ORG_CYCLE"):
+        pipeline.check_dag(dag_of("no_report", [c[:-1] for c in pipeline.ORG_CYCLE]), pipeline.ORG_CYCLE, "ORG_CYCLE")
+    unwaited = [*pipeline.ORG_CYCLE[:2], ("window", "org_targets"), ("adapt_org", "report")]
+    with pytest.raises(ValueError, match="adapt_org must run after org_targets"):
+        pipeline.check_dag(dag_of("unwaited", unwaited), pipeline.ORG_CYCLE, "ORG_CYCLE")
+
+
 @pytest.fixture
 def af_db(registered):
     airflow = str(Path(sys.executable).parent / "airflow")

@@ -131,7 +131,7 @@ def test_org_adapter_end_to_end_and_isolation(registered):
     out = adapt_org(cfg, START, END, 1, RUN, "org-b")  # what the DAG's mapped task runs per org
     summary = TrainSummary.model_validate(Lake(cfg.lake_root).read_json(f"runs/{b_run}/train/summary.json"))
     assert summary.status == "ok" and summary.steps == out["train_steps"] >= 1
-    assert Path(summary.adapter, "adapter_registry.json").is_file() and out["episodes"] == 12
+    assert Path(summary.adapter, "adapter_config.json").is_file() and out["episodes"] == 12
     av = register_adapter(cfg, RUN, "org-b")  # idempotent: the version adapt_org registered
     assert (av.version, av.adapter_version) == (out["version"], out["adapter_version"])
     assert av.model_name == adapter_model_name("org-b") and av.adapter_version.startswith(f"org-b-v{av.version}-")

@@ -49,8 +49,8 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
     run = lake.run(orun)
     summary = lake.read_json(run.train_summary) if lake.exists(run.train_summary) else {}
     adapter = Path(summary.get("adapter") or cfg.models_dir / "runs" / orun / "adapter")
-    if not (adapter / "adapter_registry.json").is_file():
-        raise register.RegisterError(f"{adapter}: no adapter_registry.json (did train_org run for {org_id}?)")
+    if not (adapter / "adapter_config.json").is_file():
+        raise register.RegisterError(f"{adapter}: no adapter_config.json (did train_org run for {org_id}?)")
     existing = register.find_version(areg, orun)
     if existing is not None:
         mv = store.get_version(areg, existing)
