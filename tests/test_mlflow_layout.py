@@ -179,7 +179,7 @@ def test_the_embedded_ui_starts_without_mlflows_job_queue(cfg):
     assert argv[argv.index("--workers") + 1] == "1"
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     make = (REPO / "Makefile").read_text()
-    assert re.search(r"^mlflow: setup\n\t\$\(PY\) -m rl_core\.stack\.mlflow_ui$", make, re.M)
+    assert re.search(r"^mlflow: setup\n\t\$\(PY\) -m lab\.stack\.mlflow_ui$", make, re.M)
 
 
 @pytest.mark.slow  # ~30 s: MLflow's UI server, and a headless Chromium when there is one
