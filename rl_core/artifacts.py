@@ -1,15 +1,18 @@
 """Typed run artifacts: what a stage writes into runs/<run_id>/ and a later stage reads back, declared once.
 
-They live below the stages (the standard library only), so rl_core.lake can hand them back typed
-(Lake.read_harvest) without importing the stage that writes them: the harvest module imports DuckDB, and
+They live below the stages (the standard library and pydantic only), so rl_core.lake can hand them back typed
+(Lake.read_harvest, Lake.read_train_summary) without importing the stage that writes them: the harvest module imports DuckDB, and
 every stage imports the lake. A reader gets attributes and the artifact's own methods (skip_reason) instead
 of `.get("key")` on a dict, so a renamed field fails where it is read, not as a silent None.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+from pydantic import BaseModel, field_validator
 
 
 @dataclass
@@ -61,3 +64,45 @@ class HarvestResult:
         if missing:
             raise ValueError(f"{where}: lacks {', '.join(missing)}, so it is not a harvest's manifest")
         return cls(**{f.name: manifest[f.name] for f in known if f.name in manifest})
+
+
+class TrainSummary(BaseModel):
+    """What `rtrl train` did (runs/<run_id>/train/summary.json): rl_core.train.launch writes it, the train
+    verdict, the registry and the org path read it back as this type, never as a dict."""
+
+    run_id: str
+    status: str  # "ok" | "failed"
+    exit_code: int
+    base_version: int
+    steps: int = 0
+    # metrics are None when unknown or not finite (JSON has no NaN); the verdict treats None as failing
+    loss: float | None = None  # mean over steps
+    kl: float | None = None  # mean over steps (exact over the vocabulary, to the parent)
+    kl_max: float | None = None  # largest per-step KL: what the verdict checks
+    clip_frac: float | None = None
+    is_weight_mean: float | None = None
+    is_weight_max: float | None = None
+    entropy: float | None = None
+    grad_norm: float | None = None  # mean over steps, before clipping
+    tokens_per_s: float | None = None  # prompt + completion tokens, all ranks, per second of training
+    episodes: int = 0
+    truncated: int = 0
+    checkpoint: str = ""
+    adapter: str | None = None
+    mlflow_run_id: str = ""
+    launcher: str = ""
+    num_procs: int = 1
+    world_size: int = 0  # ranks that actually trained (all nodes)
+    zero_stage: int = 0
+    precision: str = ""
+    resumed_from_step: int = 0
+    elapsed_s: float = 0.0
+    inputs_hash: str = ""
+    data: dict = {}
+    log_tail: str = ""
+
+    @field_validator("loss", "kl", "kl_max", "clip_frac", "is_weight_mean", "is_weight_max", "entropy", "grad_norm",
+                     "tokens_per_s", mode="before")
+    @classmethod
+    def _finite_or_none(cls, v):
+        return v if v is None or math.isfinite(float(v)) else None

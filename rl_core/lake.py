@@ -20,7 +20,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rl_core.artifacts import HarvestResult
+from rl_core.artifacts import HarvestResult, TrainSummary
 from rl_core.config import Config
 from rl_core.ids import check_run_id
 
@@ -177,6 +177,12 @@ class Lake:
         that is not one is a ValueError naming it (rl_core.artifacts: the type lives below the stages)."""
         path = self.run(run_id).manifest
         return HarvestResult.from_manifest(self.read_json(path), path) if self.exists(path) else None
+
+    def read_train_summary(self, run_id: str) -> TrainSummary | None:
+        """The run's train/summary.json as the TrainSummary `rtrl train` wrote, or None before training ran; a
+        file that is not one is a pydantic ValidationError naming the field."""
+        path = self.run(run_id).train_summary
+        return TrainSummary.model_validate(self.read_json(path)) if self.exists(path) else None
 
     def list_files(self, relpath: str) -> list[str]:
         """Visible Parquet files below relpath (recursive), sorted; temp and hidden files skipped."""

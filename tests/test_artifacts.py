@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from lab.testing.synth import interaction_row, window
-from rl_core.artifacts import HarvestResult
+from rl_core.artifacts import HarvestResult, TrainSummary
 from rl_core.harvest import HarvestResult as FromHarvest
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
@@ -48,3 +48,19 @@ def test_a_manifest_with_more_keys_reads_and_one_with_fewer_is_named(cfg):
     with pytest.raises(ValueError, match=r"runs/run-b/harvest.json: lacks run_id, path, granularity"):
         lake.read_harvest("run-b")
     assert skip_reason(cfg, "run-b") is None, "another release's manifest: no reason rather than a crash"
+
+
+def test_read_train_summary_is_the_type_the_trainer_wrote(cfg):
+    """One type for the training result: what `rtrl train` writes is what the registry and the org path read back;
+    no summary yet is None, and a file that is not one names its field (no dict, no alternative key spellings)."""
+    from pydantic import ValidationError
+
+    lake = Lake(cfg.lake_root)
+    assert lake.read_train_summary("cycle-t") is None
+    written = TrainSummary(run_id="cycle-t", status="ok", exit_code=0, base_version=3, kl=0.01, loss=float("nan"))
+    lake.write_json(lake.run("cycle-t").train_summary, written.model_dump(mode="json"))
+    read = lake.read_train_summary("cycle-t")
+    assert read == written and read.loss is None and read.base_version == 3  # non-finite metrics read as unknown
+    lake.write_json(lake.run("cycle-t").train_summary, {"checkpoint_dir": "/x", "parent_version": 3})
+    with pytest.raises(ValidationError, match="base_version"):
+        lake.read_train_summary("cycle-t")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from rl_core.artifacts import HarvestResult, TrainSummary
 from rl_core.lake import Lake
 from rl_core.pipeline import REQUIRED_VERDICTS
 from rl_core.reports import Verdict, write_verdict
@@ -22,12 +24,12 @@ def write_run(cfg, run_id: str, ckpt_src: Path, parent: int, *, failing: str | N
     lake = Lake(cfg.lake_root)
     ckpt = cfg.models_dir / "runs" / run_id / "checkpoint"
     shutil.copytree(ckpt_src, ckpt)
-    lake.write_json(f"runs/{run_id}/train/summary.json", {
-        "run_id": run_id, "checkpoint": str(ckpt), "base_version": parent,
-        "status": "ok", "loss": 0.42, "kl": 0.01, "kl_max": 0.02, "steps": 3,
-    })
-    lake.write_json(f"runs/{run_id}/harvest.json", {"start": WINDOW[0], "end": WINDOW[1], "policy_version": parent,
-                                                    "n_episodes": episodes})
+    lake.write_json(f"runs/{run_id}/train/summary.json", TrainSummary(
+        run_id=run_id, checkpoint=str(ckpt), base_version=parent, status="ok", exit_code=0, loss=0.42, kl=0.01,
+        kl_max=0.02, steps=3).model_dump())
+    lake.write_json(f"runs/{run_id}/harvest.json", asdict(HarvestResult(
+        run_id, f"runs/{run_id}/episodes.parquet", WINDOW[0], WINDOW[1], parent, "hour", episodes, episodes, 0,
+        episodes, 1, 1)))
     ids = [f"{run_id}-e{i}" for i in range(episodes)]  # each run its own episodes: the ledger refuses reuse
     lake.write_parquet(f"runs/{run_id}/episodes.parquet", pa.table({"event_id": ids}))
     lake.write_parquet(f"runs/{run_id}/rewards.parquet", pa.table({
@@ -99,12 +101,17 @@ def _bad_run_files_are_refused(cfg, tiny_checkpoint):
         register_run(cfg, "x' or name='y")
     write_run(cfg, "cycle-x", tiny_checkpoint, parent=1)
     lake = Lake(cfg.lake_root)
-    lake.write_json("runs/cycle-x/train/summary.json", {"checkpoint": "/nonexistent/ckpt", "base_version": 1})
+    lake.write_json("runs/cycle-x/train/summary.json", TrainSummary(
+        run_id="cycle-x", status="ok", exit_code=0, base_version=1, checkpoint="/nonexistent/ckpt").model_dump())
     with pytest.raises(RegisterError, match="checkpoint folder"):
         register_run(cfg, "cycle-x")
     lake.write_json("runs/cycle-x/train/summary.json", {"base_version": "one"})
-    lake.write_json("runs/cycle-x/harvest.json", {})
     with pytest.raises(RegisterError, match="base_version"):
+        register_run(cfg, "cycle-x")
+    lake.write_json("runs/cycle-x/train/summary.json", TrainSummary(
+        run_id="cycle-x", status="ok", exit_code=0, base_version=1).model_dump())
+    lake.write_json("runs/cycle-x/harvest.json", {"start": WINDOW[0]})  # not a harvest's manifest
+    with pytest.raises(RegisterError, match="harvest.json: lacks"):
         register_run(cfg, "cycle-x")
     versions = store.client(cfg).search_model_versions(f"name='{cfg.mlflow.model_name}'")
     assert [int(v.version) for v in versions] == [1]

@@ -124,9 +124,9 @@ def cycle_metrics(cfg: Config, k: int, report) -> CycleMetrics:
     ev = read_verdict(lake, report.run_id, "eval")
     if ev is not None:
         m.eval_pass_rate = _num(ev.details.get("candidate_pass_rate"))
-    summary = lake.run(report.run_id).train_summary
-    if lake.exists(summary):
-        m.kl = _num(lake.read_json(summary).get("kl"))
+    summary = lake.read_train_summary(report.run_id)
+    if summary is not None:
+        m.kl = _num(summary.kl)
     return m
 
 

@@ -138,8 +138,7 @@ def adapter_kl(cfg, curves: list[CycleMetrics]) -> dict[str, dict[str, float | N
     out: dict[str, dict[str, float | None]] = {}
     for c in curves:
         for org in sorted(cfg.simulate.conventions):
-            p = lake.run(org_run_id(c.run_id, org)).train_summary
-            if lake.exists(p):
-                kl = lake.read_json(p).get("kl")
-                out.setdefault(c.run_id, {})[org] = float(kl) if isinstance(kl, int | float) else None
+            summary = lake.read_train_summary(org_run_id(c.run_id, org))
+            if summary is not None:
+                out.setdefault(c.run_id, {})[org] = summary.kl
     return out

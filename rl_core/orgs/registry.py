@@ -47,8 +47,8 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
     areg = adapter_registry(cfg, org_id)
     lake = Lake(cfg.lake_root)
     run = lake.run(orun)
-    summary = lake.read_json(run.train_summary) if lake.exists(run.train_summary) else {}
-    adapter = Path(summary.get("adapter") or cfg.models_dir / "runs" / orun / "adapter")
+    summary = lake.read_train_summary(orun)
+    adapter = Path((summary.adapter if summary else None) or cfg.models_dir / "runs" / orun / "adapter")
     if not (adapter / "adapter_config.json").is_file():
         raise register.RegisterError(f"{adapter}: no adapter_config.json (did train_org run for {org_id}?)")
     existing = register.find_version(areg, orun)

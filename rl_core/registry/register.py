@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from rl_core import ledger
 from rl_core.config import Config
@@ -30,9 +31,6 @@ from rl_core.lake import Lake
 from rl_core.registry import card, store
 from rl_core.reports import read_verdicts
 from rl_core.train.launch import summary_metrics
-
-CHECKPOINT_KEYS = ("checkpoint", "checkpoint_dir", "checkpoint_path")
-PARENT_KEYS = ("base_version", "parent_version")
 
 
 class RegisterError(ValueError):
@@ -51,10 +49,6 @@ def find_version(cfg: Config | store.Registry, run_id: str) -> int | None:
         return None
     versions = sorted(int(mv.version) for mv in found)
     return versions[0] if versions else None
-
-
-def _first(d: dict, keys: tuple[str, ...]):
-    return next((d[k] for k in keys if d.get(k) not in (None, "")), None)
 
 
 def _count_rows(lake: Lake, relpath: str) -> int | None:
@@ -77,30 +71,24 @@ def lineage(cfg: Config, run_id: str) -> dict[str, Any]:
     """Everything register_run records, read from the run's files (raises RegisterError when unusable)."""
     lake = Lake(cfg.lake_root)
     run = lake.run(run_id)
-    summary_path = run.train_summary
-    if not lake.exists(summary_path):
-        raise RegisterError(f"{lake.path(summary_path)}: no trainer summary (did `train` run for {run_id}?)")
-    summary = lake.read_json(summary_path)
-    if not isinstance(summary, dict):
-        raise RegisterError(f"{summary_path}: expected a JSON object")
-    harvest = lake.read_json(run.manifest) if lake.exists(run.manifest) else {}
-
-    ckpt = _first(summary, CHECKPOINT_KEYS) or str(cfg.models_dir / "runs" / run_id / "checkpoint")
-    if not Path(ckpt).is_dir():
-        raise RegisterError(f"{summary_path}: checkpoint folder {ckpt} does not exist")
-    parent = _first(summary, PARENT_KEYS) or harvest.get("policy_version")
     try:
-        parent = int(parent)
-    except (TypeError, ValueError):
-        raise RegisterError(f"{summary_path}: base_version missing or not an integer ({parent!r})") from None
-
-    window = summary.get("data_window") or ""
-    if not window and harvest.get("start") and harvest.get("end"):
-        window = f"{harvest['start']}/{harvest['end']}"
+        summary, harvest = lake.read_train_summary(run_id), lake.read_harvest(run_id)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise RegisterError(f"{run.train_summary}: not a trainer summary ({fields})") from None
+    except ValueError as exc:  # a harvest.json that is not a harvest's (the message names the file)
+        raise RegisterError(str(exc)) from None
+    if summary is None:
+        raise RegisterError(f"{lake.path(run.train_summary)}: no trainer summary (did `train` run for {run_id}?)")
+    ckpt = summary.checkpoint or str(cfg.models_dir / "runs" / run_id / "checkpoint")
+    if not Path(ckpt).is_dir():
+        raise RegisterError(f"{run.train_summary}: checkpoint folder {ckpt} does not exist")
+    parent = summary.base_version
+    window = f"{harvest.start}/{harvest.end}" if harvest else ""
     episodes = _count_rows(lake, run.episodes)
     if episodes is None:
-        episodes = harvest.get("n_episodes", summary.get("episodes"))
-    reward_hash = _reward_hash(lake, run.rewards) or summary.get("reward_config_hash") or ""
+        episodes = harvest.n_episodes if harvest else summary.episodes
+    reward_hash = _reward_hash(lake, run.rewards) or ""
 
     verdicts = read_verdicts(lake, run_id)
     metrics = summary_metrics(summary) | card.reward_metrics(card.read_rewards(lake, run_id))
@@ -116,7 +104,7 @@ def lineage(cfg: Config, run_id: str) -> dict[str, Any]:
         **{f"verdict.{name}": "passed" if v.passed else "failed" for name, v in verdicts.items()},
     }
     return {"checkpoint": Path(ckpt), "tags": tags, "metrics": metrics,
-            "mlflow_run_id": summary.get("mlflow_run_id") or None}
+            "mlflow_run_id": summary.mlflow_run_id or None}
 
 
 def _existing_run(cfg: Config, mlflow_run_id: str | None) -> str | None:

@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, field_validator
-
+from rl_core.artifacts import TrainSummary  # noqa: F401 (re-exported: what train() returns)
 from rl_core.config import REPO_ROOT, Config, TrainConfig, load_config
 from rl_core.ids import check_run_id, mlflow_filter_value
 from rl_core.lake import Lake, lake_from_config
@@ -42,45 +41,6 @@ from rl_core.train.trainer import TrainSpec
 
 class TrainFailed(RuntimeError):
     """The training processes failed (non-zero exit or timeout); summary.json holds the exit code and log tail."""
-
-
-class TrainSummary(BaseModel):
-    run_id: str
-    status: str  # "ok" | "failed"
-    exit_code: int
-    base_version: int
-    steps: int = 0
-    # metrics are None when unknown or not finite (JSON has no NaN); the verdict treats None as failing
-    loss: float | None = None  # mean over steps
-    kl: float | None = None  # mean over steps (exact over the vocabulary, to the parent)
-    kl_max: float | None = None  # largest per-step KL: what the verdict checks
-    clip_frac: float | None = None
-    is_weight_mean: float | None = None
-    is_weight_max: float | None = None
-    entropy: float | None = None
-    grad_norm: float | None = None  # mean over steps, before clipping
-    tokens_per_s: float | None = None  # prompt + completion tokens, all ranks, per second of training
-    episodes: int = 0
-    truncated: int = 0
-    checkpoint: str = ""
-    adapter: str | None = None
-    mlflow_run_id: str = ""
-    launcher: str = ""
-    num_procs: int = 1
-    world_size: int = 0  # ranks that actually trained (all nodes)
-    zero_stage: int = 0
-    precision: str = ""
-    resumed_from_step: int = 0
-    elapsed_s: float = 0.0
-    inputs_hash: str = ""
-    data: dict = {}
-    log_tail: str = ""
-
-    @field_validator("loss", "kl", "kl_max", "clip_frac", "is_weight_mean", "is_weight_max", "entropy", "grad_norm",
-                     "tokens_per_s", mode="before")
-    @classmethod
-    def _finite_or_none(cls, v):
-        return v if v is None or math.isfinite(float(v)) else None
 
 
 def build_command(tc: TrainConfig, spec_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
@@ -277,15 +237,15 @@ SUMMARY_METRICS = {"loss": "loss_mean", "kl": "kl_mean", "kl_max": "kl_max", "cl
                    "truncated": "truncated", "episodes": "episodes"}
 
 
-def summary_metrics(summary: dict) -> dict[str, float]:
-    """A trainer summary (TrainSummary or its JSON) as train/* metrics; unknown or non-finite values left out."""
-    out = {f"train/{name}": summary.get(k) for k, name in SUMMARY_METRICS.items()}
+def summary_metrics(summary: TrainSummary) -> dict[str, float]:
+    """A trainer summary as train/* metrics; unknown or non-finite values left out."""
+    out = {f"train/{name}": getattr(summary, k) for k, name in SUMMARY_METRICS.items()}
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def _close_mlflow(cfg: Config, mlflow_run_id: str, s: TrainSummary) -> None:
     c = store.client(cfg)
-    for k, v in summary_metrics(s.model_dump(mode="json")).items():
+    for k, v in summary_metrics(s).items():
         c.log_metric(mlflow_run_id, k, v)
     c.set_tag(mlflow_run_id, "checkpoint", s.checkpoint)
     c.set_terminated(mlflow_run_id, status="FINISHED" if s.status == "ok" else "FAILED")
