@@ -21,7 +21,7 @@ from lab.simulate.runner import SimSpec, simulate
 from rl_core.config import load_config
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
-from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, prepare_org, train_org
+from rl_core.orgs.pipeline import OrgRun, eligible_orgs, evaluate_org, prepare_org, train_org
 from rl_core.registry import store
 from rl_core.schema import now_utc
 from rl_core.serving.server import serve_in_thread
@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     for org, n in orgs.items():
         if args.orgs and org not in args.orgs:
             continue
-        prepare_org(cfg, start, end, champion, run_id, org)
-        s = train_org(cfg, run_id, org, champion)
-        ev = evaluate_org(cfg, run_id, org, champion)
+        o = OrgRun.of(cfg, start, end, champion, run_id, org)
+        prepare_org(cfg, o)
+        s = train_org(cfg, o)
+        ev = evaluate_org(cfg, o)
         rows.append((org, n, s, ev))
     print(f"measured on: {cfg.profile} profile, champion v{champion}, {report.interactions} simulated interactions, "
           f"{time.time() - t0:.0f} s\n")

@@ -11,7 +11,7 @@ from lab.testing.synth import ArmSpec, Defects, generate, window
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.orgs.branch import adapt_org, org_targets
-from rl_core.orgs.pipeline import org_run_id
+from rl_core.orgs.pipeline import OrgRun, org_run_id
 from rl_core.orgs.registry import deploy_adapter, live_adapter
 from rl_core.pipeline import ADAPTER_VERDICTS, REQUIRED_VERDICTS
 from rl_core.reports import GateFailed, Verdict, read_verdict, write_verdict
@@ -60,5 +60,5 @@ def test_an_adapter_goes_live_only_with_every_verdict_the_cycle_requires(registe
     assert set(REQUIRED_VERDICTS) < set(ADAPTER_VERDICTS)
     for name in ("train", "eval", "eval_org"):  # what used to be enough
         write_verdict(lake, orun, Verdict(name=name, passed=True))
-    assert deploy_adapter(cfg, RUN, "org-acme", 1) is False  # no data gates, no monitors: refused
+    assert deploy_adapter(cfg, OrgRun.of(cfg, START, END, 1, RUN, "org-acme"), 1) is False  # no data gates, no monitors: refused
     assert live_adapter(cfg, "org-acme") is None

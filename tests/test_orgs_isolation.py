@@ -19,7 +19,7 @@ from lab.testing.synth import TOOLS, feedback_row, interaction_row, window
 from rl_core.harvest import harvest
 from rl_core.lake import Lake
 from rl_core.orgs.branch import adapt_org, org_targets
-from rl_core.orgs.pipeline import OrgError, eligible_orgs, org_run_id, prepare_org
+from rl_core.orgs.pipeline import OrgError, OrgRun, eligible_orgs, org_run_id, prepare_org
 from rl_core.orgs.registry import adapter_model_name, adapter_registry, live_adapter, register_adapter
 from rl_core.reports import read_verdicts
 from rl_core.schema import to_table
@@ -83,7 +83,7 @@ def prepared(cfg) -> dict[str, list[str]]:
     assert eligible_orgs(cfg, RUN) == {"org-a": 12, "org-b": 12}
     assert eligible_orgs(cfg, RUN, min_episodes=13) == {}
     for org in ("org-a", "org-b"):
-        assert prepare_org(cfg, START, END, 1, RUN, org).n_episodes == 12
+        assert prepare_org(cfg, OrgRun.of(cfg, START, END, 1, RUN, org)).n_episodes == 12
     return ids
 
 
@@ -132,7 +132,7 @@ def test_org_adapter_end_to_end_and_isolation(registered):
     summary = TrainSummary.model_validate(Lake(cfg.lake_root).read_json(f"runs/{b_run}/train/summary.json"))
     assert summary.status == "ok" and summary.steps == out["train_steps"] >= 1
     assert Path(summary.adapter, "adapter_config.json").is_file() and out["episodes"] == 12
-    av = register_adapter(cfg, RUN, "org-b")  # idempotent: the version adapt_org registered
+    av = register_adapter(cfg, OrgRun.of(cfg, START, END, 1, RUN, "org-b"))  # idempotent: the version adapt_org registered
     assert (av.version, av.adapter_version) == (out["version"], out["adapter_version"])
     assert av.model_name == adapter_model_name("org-b") and av.adapter_version.startswith(f"org-b-v{av.version}-")
     verdicts = read_verdicts(Lake(cfg.lake_root), b_run)
@@ -161,7 +161,7 @@ def test_opted_out_or_bad_org_gets_no_adapter(cfg):
     with pytest.raises(OrgError, match="opted out"):
         adapt_org(cfg, START, END, 1, RUN, "org-a")
     with pytest.raises(OrgError, match="plain name"):
-        prepare_org(cfg, START, END, 1, RUN, "../org")
+        prepare_org(cfg, OrgRun.of(cfg, START, END, 1, RUN, "../org"))
     with pytest.raises(OrgError, match="no episodes"):
-        prepare_org(cfg, START, END, 1, RUN, "org-empty")
+        prepare_org(cfg, OrgRun.of(cfg, START, END, 1, RUN, "org-empty"))
     assert not Lake(cfg.lake_root).exists(f"runs/{org_run_id(RUN, 'org-a')}")

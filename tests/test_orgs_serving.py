@@ -7,6 +7,7 @@ and made live by its alias: what the trainer would produce, without spending a t
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import openai
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_core.lake import Lake
+from rl_core.orgs.pipeline import OrgRun
 from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, deploy_adapter, register_adapter_folder
 
 MSG = [{"role": "user", "content": "rename the helper in utils.py"}]
@@ -61,7 +63,8 @@ def test_org_token_is_served_its_live_adapter_and_logged(registered, tmp_path):
     base = store.checkpoint_path(cfg, 1)
     v1 = register_adapter_folder(cfg, "org-acme", make_adapter(base, tmp_path / "a1", 1),
                                  {"parent_version": 1, "run_id": "manual-a1"})
-    assert not deploy_adapter(cfg, "manual", "org-acme", v1.version)  # no verdicts: never live that way
+    now = datetime.now(UTC)
+    assert not deploy_adapter(cfg, OrgRun.of(cfg, now, now, 1, "manual", "org-acme"), v1.version)  # no verdicts: never live that way
     store.set_alias(adapter_registry(cfg, "org-acme"), LIVE_ALIAS, v1.version, reason="test")
 
     gw = build_gateway(cfg, poll=False)

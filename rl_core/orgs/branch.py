@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from rl_core.config import Config
-from rl_core.orgs.pipeline import eligible_orgs, evaluate_org, org_run_id, prepare_org, train_org
+from rl_core.orgs.pipeline import OrgRun, eligible_orgs, evaluate_org, prepare_org, train_org
 from rl_core.orgs.registry import deploy_adapter, live_adapter, register_adapter
 from rl_core.pipeline import BEFORE_TRAIN, run_gates
 from rl_core.registry.store import known_versions
@@ -61,28 +61,28 @@ class OrgOutcome:
     live: bool  # the `live` alias moved to it
 
 
-def check_org_run(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str, org_id: str) -> None:
+def check_org_run(cfg: Config, o: OrgRun) -> None:
     """The cycle's checks before an update (rl_core.pipeline.BEFORE_TRAIN) on the org's run: the data-quality
     gates on its episodes and rewards, and the reward-hacking monitors on every turn the window served the
     org's users (versions newer than the base against it). Raises GateFailed with the first refusal."""
-    orun = org_run_id(run_id, org_id)
-    score_served(cfg, orun, start, end, max(known_versions(cfg), default=policy_version), org_id=org_id)
-    run_gates(cfg, BEFORE_TRAIN, {"run_id": orun, "start": start, "end": end, "parent_version": policy_version})
+    score_served(cfg, o.run_id, o.start, o.end, max(known_versions(cfg), default=o.base_version), org_id=o.org_id)
+    run_gates(cfg, BEFORE_TRAIN, {"run_id": o.run_id, "start": o.start, "end": o.end, "parent_version": o.base_version})
 
 
 def adapt_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str, org_id: str,
               dry_run: bool = False) -> dict:
     """One org end to end on top of policy_version (the champion). Raises on any failure (OrgError,
     GateFailed, TrainFailed, ...): the orchestrator marks that org's task failed and no alias moves."""
-    h = prepare_org(cfg, start, end, policy_version, run_id, org_id)
-    check_org_run(cfg, start, end, policy_version, run_id, org_id)
-    summary = train_org(cfg, run_id, org_id, policy_version)
-    ev = evaluate_org(cfg, run_id, org_id, policy_version)
+    o = OrgRun.of(cfg, start, end, policy_version, run_id, org_id)  # the org checked once, its run made once
+    h = prepare_org(cfg, o)
+    check_org_run(cfg, o)
+    summary = train_org(cfg, o)
+    ev = evaluate_org(cfg, o)
     version = name = None
     live = False
     if not dry_run:
-        av = register_adapter(cfg, run_id, org_id)
+        av = register_adapter(cfg, o)
         version, name = av.version, av.adapter_version
-        live = deploy_adapter(cfg, run_id, org_id, av.version)
+        live = deploy_adapter(cfg, o, av.version)
     return asdict(OrgOutcome(org_id, ev.run_id, h.n_episodes, summary.steps, ev.org_gain, ev.org_gain_se,
                              ev.shared_passed, ev.org_passed, version, name, live))

@@ -28,12 +28,12 @@ from evals.runner import results_table, run_suite
 from rl_core.config import Config
 from rl_core.harvest import HarvestResult, harvest
 from rl_core.ids import IdError, check_org_id, is_org_id
-from rl_core.lake import Lake
+from rl_core.lake import Lake, RunDir
 from rl_core.orgs.tasks import org_tasks
 from rl_core.registry.store import checkpoint_path
 from rl_core.reports import Verdict, write_verdict
 from rl_core.rewards import score_run
-from rl_core.train.launch import train
+from rl_core.train.launch import TrainSummary, train
 
 
 class OrgError(ValueError):
@@ -56,6 +56,31 @@ def org_run_id(run_id: str, org_id: str) -> str:
     return f"{run_id}.{org_id}"
 
 
+@dataclass(frozen=True)
+class OrgRun:
+    """One org's share of a cycle run: the org (checked once, at `of`), its window, the version its adapter
+    trains on, its run id and folder. The org path (prepare, checks, train, eval, register, deploy) is handed
+    this value and never rebuilds a folder from the cycle's run id and the org's name."""
+
+    cycle_run_id: str
+    org_id: str
+    start: datetime
+    end: datetime
+    base_version: int  # the champion the adapter trains on (and is served on)
+
+    @classmethod
+    def of(cls, cfg: Config, start: datetime, end: datetime, base_version: int, run_id: str, org_id: str) -> OrgRun:
+        return cls(run_id, check_org(cfg, org_id), start, end, int(base_version))
+
+    @property
+    def run_id(self) -> str:
+        return org_run_id(self.cycle_run_id, self.org_id)
+
+    @property
+    def dir(self) -> RunDir:
+        return Lake.run(self.run_id)
+
+
 def org_config(cfg: Config) -> Config:
     """cfg for an adapter update: same trainer, LoRA on (the base checkpoint stays frozen)."""
     c = cfg.model_copy(deep=True)
@@ -75,24 +100,20 @@ def eligible_orgs(cfg: Config, run_id: str, min_episodes: int | None = None) -> 
             and is_org_id(r["org_id"])}
 
 
-def prepare_org(cfg: Config, start: datetime, end: datetime, policy_version: int, run_id: str,
-                org_id: str) -> HarvestResult:
-    """Harvest org_id's episodes of the window into its own run folder and score them."""
-    check_org(cfg, org_id)
-    orun = org_run_id(run_id, org_id)
-    result = harvest(cfg, start, end, policy_version, orun, org_id=org_id)
+def prepare_org(cfg: Config, o: OrgRun) -> HarvestResult:
+    """Harvest the org's episodes of the window into its own run folder and score them."""
+    result = harvest(cfg, o.start, o.end, o.base_version, o.run_id, org_id=o.org_id)
     if result.n_episodes == 0:
-        raise OrgError(f"org_id {org_id!r} has no episodes in [{start.isoformat()}, {end.isoformat()})")
-    score_run(cfg, orun)
+        raise OrgError(f"org_id {o.org_id!r} has no episodes in [{o.start.isoformat()}, {o.end.isoformat()})")
+    score_run(cfg, o.run_id)
     return result
 
 
-def train_org(cfg: Config, run_id: str, org_id: str, base_version: int):
-    """LoRA update of base_version (the champion) on the org's prepared run; returns the TrainSummary."""
-    check_org(cfg, org_id)
-    summary = train(org_config(cfg), org_run_id(run_id, org_id), base_version)
+def train_org(cfg: Config, o: OrgRun) -> TrainSummary:
+    """LoRA update of the base version (the champion) on the org's prepared run."""
+    summary = train(org_config(cfg), o.run_id, o.base_version)
     if not summary.adapter or not (Path(summary.adapter) / "adapter_config.json").is_file():
-        raise OrgError(f"training of {org_id} produced no adapter folder (summary.adapter={summary.adapter!r})")
+        raise OrgError(f"training of {o.org_id} produced no adapter folder (summary.adapter={summary.adapter!r})")
     return summary
 
 
@@ -118,13 +139,12 @@ def _suite(tasks, policy, budget: Budget, workers: int):
             policy.close()
 
 
-def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candidate=None, baseline=None) -> OrgEval:
-    """Paired evals of the org's merged checkpoint against base_version: shared suite, then the org's tasks.
+def evaluate_org(cfg: Config, o: OrgRun, candidate=None, baseline=None) -> OrgEval:
+    """Paired evals of the org's merged checkpoint against its base version: shared suite, then the org's tasks.
 
     Writes runs/<run_id>.<org>/eval/ (shared, verdict "eval") and eval_org/ (verdict "eval_org").
     candidate/baseline override the checkpoint-backed policies (scripted policies in tests)."""
-    check_org(cfg, org_id)
-    orun = org_run_id(run_id, org_id)
+    orun, org_id, base_version = o.run_id, o.org_id, o.base_version
     if candidate is None:
         ckpt = cfg.models_dir / "runs" / orun / "checkpoint"
         candidate = EnginePolicy(ckpt, cfg, name=f"adapter:{orun}")
@@ -138,7 +158,7 @@ def evaluate_org(cfg: Config, run_id: str, org_id: str, base_version: int, candi
     base = _suite(tasks, baseline, budget, cfg.eval.workers)
     result = compare(orun, cand, base, cfg.eval.tolerance, cfg.eval.z)
     lake = Lake(cfg.lake_root)
-    folder = lake.run(orun).eval_org
+    folder = o.dir.eval_org
     lake.write_parquet(f"{folder}/results.parquet",
                        pa.concat_tables([results_table(cand, "candidate"), results_table(base, "baseline")]))
     lake.write_json(f"{folder}/comparison.json", asdict(result))

@@ -18,7 +18,7 @@ from pathlib import Path
 from rl_core.config import Config
 from rl_core.ids import check_org_id
 from rl_core.lake import Lake
-from rl_core.orgs.pipeline import check_org, org_run_id
+from rl_core.orgs.pipeline import OrgRun, check_org
 from rl_core.registry import promote, register, store
 from rl_core.registry.adapters import (  # noqa: F401 (the org side's names, re-exported)
     ADAPTER_PREFIX,
@@ -40,13 +40,11 @@ def weights_digest(adapter_dir: Path) -> str:
     return h.hexdigest()[:8]
 
 
-def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
+def register_adapter(cfg: Config, o: OrgRun) -> AdapterVersion:
     """Register the org run's adapter folder (the same run twice returns its existing version)."""
-    check_org(cfg, org_id)
-    orun = org_run_id(run_id, org_id)
+    orun, org_id = o.run_id, o.org_id
     areg = adapter_registry(cfg, org_id)
     lake = Lake(cfg.lake_root)
-    run = lake.run(orun)
     summary = lake.read_train_summary(orun)
     adapter = Path((summary.adapter if summary else None) or cfg.models_dir / "runs" / orun / "adapter")
     if not (adapter / "adapter_config.json").is_file():
@@ -58,7 +56,7 @@ def register_adapter(cfg: Config, run_id: str, org_id: str) -> AdapterVersion:
                               int(mv.tags["parent_version"]))
     info = register.lineage(cfg, orun)
     av = register_adapter_folder(cfg, org_id, adapter, info["tags"], info["metrics"])
-    lake.write_json(run.adapter,
+    lake.write_json(o.dir.adapter,
                     {"org_id": org_id, "model_name": av.model_name, "version": av.version,
                      "adapter_version": av.adapter_version, "base_version": av.base_version})
     return av
@@ -78,14 +76,14 @@ def register_adapter_folder(cfg: Config, org_id: str, adapter: Path, tags: dict,
     return AdapterVersion(org_id, areg.model_name, version, name, str(adapter), int(tags["parent_version"]))
 
 
-def deploy_adapter(cfg: Config, run_id: str, org_id: str, version: int) -> bool:
+def deploy_adapter(cfg: Config, o: OrgRun, version: int) -> bool:
     """Point the org's `live` alias at version iff every verdict the cycle requires (the data gates, the
     monitors, train, eval) and eval_org passed for the org's run."""
-    verdicts = read_verdicts(Lake(cfg.lake_root), org_run_id(run_id, org_id))
+    verdicts = read_verdicts(Lake(cfg.lake_root), o.run_id)
     failing = [n for n in ADAPTER_VERDICTS if n not in verdicts or not verdicts[n].passed]
     if failing:
         return False
-    promote.point(adapter_registry(cfg, org_id), LIVE_ALIAS, version, reason=f"org run {org_run_id(run_id, org_id)}")
+    promote.point(adapter_registry(cfg, o.org_id), LIVE_ALIAS, version, reason=f"org run {o.run_id}")
     return True
 
 
