@@ -72,7 +72,9 @@ def test_mlflow_compare_view_shows_reward_kl_eval_deltas_and_parent(registered, 
         base = f"http://127.0.0.1:{port}"
         exp = store.experiment_id(cfg)
         browser.goto(f"{base}/#/compare-runs?runs={json.dumps(runs)}&experiments={json.dumps([exp])}")
-        browser.wait_text("reward/mean", "train/kl_mean", "eval/delta_pass_rate", "parent_version", timeout=90)
+        # the deciding rows come first; MLflow renders the table lazily, so the rest of train/* may be below the fold
+        browser.wait_text("reward/mean", "_decide/2_kl_mean", "train/kl_max", "eval/delta_pass_rate", "parent_version",
+                          timeout=90)
         page = browser.text()
         assert f"v{versions[0]}-cycle-a" in page and f"v{versions[1]}-cycle-b" in page  # names say the version
         browser.click_label("close")  # MLflow's assistant side panel, when it opens by itself

@@ -184,6 +184,7 @@ def test_a_training_run_forked_from_the_warm_server_matches_a_fresh_process(regi
     from lab.testing import synthetic
     from rl_core.lake import lake_from_config
     from rl_core.registry import store
+    from rl_core.runtime import jobs
     from rl_core.train.launch import train
 
     cfg = registered
@@ -198,10 +199,12 @@ def test_a_training_run_forked_from_the_warm_server_matches_a_fresh_process(regi
     try:
         warm.wait_ready(proc, sock, log, timeout_s=120)
         monkeypatch.setenv(warm.SOCKET_ENV, str(sock))
+        jobs.use_launcher(warm.popen)  # what the server does for its forks; this process is not one of them
         t = time.time()
         s = train(cfg, "cycle-warm", 1)
         print(f"warm training run: {time.time() - t:.1f}s")
     finally:
+        jobs.use_launcher(None)
         warm.stop_server(proc, sock)
     assert "python -m rl_core.train.trainer --spec" in log.read_text()
     assert s.status == cold.status == "ok" and s.steps == cold.steps >= 1
