@@ -28,7 +28,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Asset, Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context, task
+from rtrl_operators.rtrl_assets import EPISODES  # realtime_rl's gate_episodes emits it
 
 from rl_core.config import load_config
 from rl_core.lake import Lake
@@ -48,9 +49,6 @@ from rl_core.window import (
 # reports, checkpoints) is its user's alone (umask 077), as under the `rtrl` command (rl_core/cli.py).
 private_state()
 AF = load_config().airflow
-# realtime_rl's gate_episodes emits it (name and uri are the Asset's identity; tests/test_orgs_asset.py holds the
-# two declarations equal). Declared here, not imported: importing the other DAG file would build that DAG too.
-EPISODES = Asset(name="rtrl_episodes", uri="x-rtrl://lake/runs/episodes", group="rtrl")
 
 
 def cycle_event(ctx: Any) -> Any | None:

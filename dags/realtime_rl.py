@@ -44,11 +44,12 @@ from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import Asset, Param, TaskGroup, dag, get_current_context, task
+from airflow.sdk import Param, TaskGroup, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 # importable wherever Airflow runs: Airflow adds its plugins folder (AIRFLOW__CORE__PLUGINS_FOLDER) to the import path
 from rtrl_operators import DataQualityGateOperator, DeepSpeedLaunchOperator
+from rtrl_operators.rtrl_assets import CHECKPOINT, EPISODES, EVAL, REGISTRY, REWARDS
 from rtrl_operators.grid_timetable import GridTimetable
 
 from rl_core.config import load_config
@@ -70,11 +71,6 @@ from rl_core.window import (
 private_state()
 AF = load_config().airflow  # parse time reads only schedule, pool and retries; tasks load the config afresh
 
-EPISODES = Asset(name="rtrl_episodes", uri="x-rtrl://lake/runs/episodes", group="rtrl")
-REWARDS = Asset(name="rtrl_rewards", uri="x-rtrl://lake/runs/rewards", group="rtrl")
-CHECKPOINT = Asset(name="rtrl_checkpoint", uri="x-rtrl://models/runs/checkpoint", group="rtrl")
-EVAL = Asset(name="rtrl_eval", uri="x-rtrl://lake/runs/eval", group="rtrl")
-REGISTRY = Asset(name="rtrl_registry", uri="x-rtrl://mlflow/rtrl-policy", group="rtrl")
 
 IO_RETRIES = {  # I/O-bound tasks: lake, MLflow, a flaky network on production stores
     "retries": AF.retries,
