@@ -76,14 +76,14 @@ def _load(spec: str):
     return getattr(module, func)
 
 
-def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+def build_parser(chosen: str | None = None, table: dict[str, tuple[str, str]] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rtrl",
         description="rtrl: improve a coding assistant from its production traffic, one cycle every few hours.",
         epilog="Config: rtrl.toml, RTRL_PROFILE=default|tiny, RTRL_HOME, RTRL_<SECTION>__<KEY>. See README.md.",
     )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (spec, help_text) in commands().items():
+    for name, (spec, help_text) in (table if table is not None else commands()).items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             _load(spec)(sub)
@@ -92,9 +92,10 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    chosen = argv[0] if argv and argv[0] in commands() else None
+    table = commands()  # one scan of the installed entry points per invocation
+    chosen = argv[0] if argv and argv[0] in table else None
     try:
-        parser = build_parser(chosen)
+        parser = build_parser(chosen, table)
     except NotImplementedYet as exc:
         print(f"rtrl {chosen}: not implemented yet ({exc})", file=sys.stderr)
         return 2
