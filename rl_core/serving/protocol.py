@@ -8,10 +8,10 @@ code}}, which the official SDK turns into its typed exceptions.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Literal
 
+import orjson
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -149,7 +149,7 @@ def chunk(event_id: str, model: str, created: int, delta: dict, finish_reason: s
                             if choices else []}
     if usage is not None:
         body["usage"] = usage
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+    return b"data: " + orjson.dumps(body) + b"\n\n"  # orjson: a tenth of json.dumps' cost, once per streamed token
 
 
 def now_s() -> int:

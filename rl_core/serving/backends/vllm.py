@@ -33,7 +33,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import httpx
+import orjson
 
 from rl_core.config import Config
 from rl_core.runtime.procs import free_port, stop_group
@@ -56,7 +58,7 @@ class VLLMBackend:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.base, timeout=httpx.Timeout(600.0, connect=5.0))
-        self._ahttp: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # the gateway's loop(s): see _aclient
+        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}  # the gateway's loop(s): _session
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         # the router reloads a spare engine in place when configured (serving.vllm_hot_reload)
@@ -158,7 +160,10 @@ class VLLMBackend:
         self._closing = True
         self._kill()
         self.http.close()
-        self._ahttp.clear()  # their connections die with the server; each loop's own client closes with it
+        for loop, session in self._sessions.items():  # each on its own loop; their connections die with the server
+            if not loop.is_closed() and loop.is_running():
+                asyncio.run_coroutine_threadsafe(session.close(), loop)
+        self._sessions.clear()
 
     # --- weights ----------------------------------------------------------------------------------
     def reload(self, checkpoint: str | Path) -> None:
@@ -213,70 +218,94 @@ class VLLMBackend:
             body["seed"] = s.seed
         return body
 
-    @staticmethod
-    def _piece(choice: dict) -> StepOut:
-        lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
-        return StepOut(list(choice.get("token_ids") or []), [float(x) for x in lps], choice.get("text") or "",
-                       choice.get("finish_reason"))
-
     def generate(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Generation:
         """Sample from the base weights, or through the loaded LoRA adapter named `adapter`."""
         self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
         t0 = time.perf_counter()
         r = self.http.post("/v1/completions", json=self._body(prompt_ids, sampling, False, adapter))
-        return self._generation(r, t0)
+        return self._generation(r.status_code, r.content, t0)
 
     def stream(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Iterator[StepOut]:
         self._ready.wait(self.cfg.serving.vllm_startup_timeout_s)
         with self.http.stream("POST", "/v1/completions", json=self._body(prompt_ids, sampling, True, adapter)) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if (piece := self._sse_piece(line)) is not None:
-                    yield piece
+            if r.status_code != 200:
+                _refused(r.status_code, r.read())
+            rest = b""
+            for data in r.iter_raw():
+                pieces, rest = _sse_pieces(rest + data)
+                yield from pieces
 
-    def _generation(self, r: httpx.Response, t0: float) -> Generation:
+    def _generation(self, status: int, raw: bytes, t0: float) -> Generation:
         """A non-streamed /v1/completions answer as a Generation (ttft: the whole answer's time)."""
-        r.raise_for_status()
-        g = collect_stream(iter([self._piece(r.json()["choices"][0])]))
+        if status != 200:
+            _refused(status, raw)
+        g = collect_stream(iter([_piece(orjson.loads(raw)["choices"][0])]))
         g.ttft_ms = (time.perf_counter() - t0) * 1000
         return g
 
-    def _sse_piece(self, line: str) -> StepOut | None:
-        """One server-sent line of a streamed /v1/completions: its piece, or None (keep-alives, [DONE], no choice)."""
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            return None
-        choices = json.loads(line[6:]).get("choices") or []
-        return self._piece(choices[0]) if choices else None
-
     # --- generation on the gateway's event loop (no thread per request, none per streamed token) ------------
-    def _aclient(self) -> httpx.AsyncClient:
-        """An async client of the running loop: its pooled connections belong to that loop, and a process may serve
+    # aiohttp and not httpx here: a streamed token cost httpx/httpcore/h11/anyio ~190 us of the gateway's CPU on the
+    # 2-core VM (a cancel scope and a pure-Python parse per read), aiohttp's C parser a fraction of it
+    # (bench/gateway_cpu.py, docs/benchmarks.md).
+    def _session(self) -> aiohttp.ClientSession:
+        """A session of the running loop: its pooled connections belong to that loop, and a process may serve
         more than one loop in its life (a gateway per test in one process)."""
         loop = asyncio.get_running_loop()
-        client = self._ahttp.get(loop)
-        if client is None:
-            self._ahttp = {lp: c for lp, c in self._ahttp.items() if not lp.is_closed()}
-            client = self._ahttp[loop] = httpx.AsyncClient(base_url=self.base, timeout=self.http.timeout)
-        return client
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            self._sessions = {lp: c for lp, c in self._sessions.items() if not lp.is_closed()}
+            session = self._sessions[loop] = aiohttp.ClientSession(
+                self.base, timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=600.0))
+        return session
 
     async def _aready(self) -> None:
         if not self._ready.is_set():  # starting or restarting: wait off the loop
             await asyncio.to_thread(self._ready.wait, self.cfg.serving.vllm_startup_timeout_s)
 
+    def _apost(self, prompt_ids: list[int], sampling: Sampling, stream: bool, adapter: str | None):
+        body = orjson.dumps(self._body(prompt_ids, sampling, stream, adapter))
+        return self._session().post("/v1/completions", data=body, headers={"content-type": "application/json"})
+
     async def agenerate(self, prompt_ids: list[int], sampling: Sampling, adapter: str | None = None) -> Generation:
         """generate, awaited on the caller's event loop."""
         await self._aready()
         t0 = time.perf_counter()
-        r = await self._aclient().post("/v1/completions", json=self._body(prompt_ids, sampling, False, adapter))
-        return self._generation(r, t0)
+        async with self._apost(prompt_ids, sampling, False, adapter) as r:
+            raw = await r.read()
+        return self._generation(r.status, raw, t0)
 
     async def astream(self, prompt_ids: list[int], sampling: Sampling,
                       adapter: str | None = None) -> AsyncIterator[StepOut]:
-        """stream, iterated on the caller's event loop."""
+        """stream, iterated on the caller's event loop: each read of the engine's bytes parsed whole."""
         await self._aready()
-        body = self._body(prompt_ids, sampling, True, adapter)
-        async with self._aclient().stream("POST", "/v1/completions", json=body) as r:
-            r.raise_for_status()
-            async for line in r.aiter_lines():
-                if (piece := self._sse_piece(line)) is not None:
+        async with self._apost(prompt_ids, sampling, True, adapter) as r:
+            if r.status != 200:
+                _refused(r.status, await r.read())
+            rest = b""
+            async for data in r.content.iter_any():
+                pieces, rest = _sse_pieces(rest + data)
+                for piece in pieces:
                     yield piece
+
+
+def _refused(status: int, raw: bytes) -> None:
+    raise RuntimeError(f"vLLM /v1/completions answered HTTP {status}: {raw[:500].decode(errors='replace')}")
+
+
+def _piece(choice: dict) -> StepOut:
+    lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    return StepOut(list(choice.get("token_ids") or []), [float(x) for x in lps], choice.get("text") or "",
+                   choice.get("finish_reason"))
+
+
+def _sse_pieces(buf: bytes) -> tuple[list[StepOut], bytes]:
+    """The pieces of a streamed /v1/completions' complete server-sent lines in `buf`, and the unfinished rest
+    (keep-alives, blank lines, [DONE] and chunks without a choice give no piece)."""
+    *lines, rest = buf.split(b"\n")
+    out = []
+    for line in lines:
+        if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+            choices = orjson.loads(line[6:]).get("choices")
+            if choices:
+                out.append(_piece(choices[0]))
+    return out, rest
