@@ -300,3 +300,36 @@ def test_a_restarted_engine_serves_its_adapters_again(served):
     h = ask(url, "rtrl-acme-token", seed=5)
     assert h["x-rtrl-adapter-version"] == a2.adapter_version
     check_row(logged(cfg, gw)[h["x-rtrl-event-id"]], base, Path(a2.path), None)
+
+
+def test_the_replay_samples_both_arms_on_one_vllm_engine(served, tmp_path):
+    """lab/simulate/replay.py sample_engine: the base and each org's adapter answered by one engine (multi-LoRA),
+    sample j of a request seeded alike on both arms. Globex's adapter is the identity (LoRA B = 0), so its answers
+    are the base's token for token (common random numbers); acme's random adapter changes them."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from lab.simulate.replay import Request, sample_engine
+    from rl_core.registry import store
+
+    cfg, gw, url, base, ads = served
+    go_live(cfg, gw, ads["a1"])
+    lora = LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(tmp_path / "identity")
+    ident = register_adapter_folder(cfg, "org-globex", tmp_path / "identity", {"parent_version": 1, "run_id": "manual-id"})
+    store.set_alias(adapter_registry(cfg, "org-globex"), LIVE_ALIAS, ident.version, reason="test")
+    reqs = [Request("e-acme", "org-acme-u0", "org-acme", MSG, None),
+            Request("e-globex", "org-globex-u0", "org-globex", MSG, None)]
+    was = cfg.simulate.max_tokens
+    cfg.simulate.max_tokens = 12
+    try:
+        got = sample_engine(cfg, reqs, 1, 3, seed=0, concurrency=4)
+    finally:
+        cfg.simulate.max_tokens = was
+    assert len(got) == 2 * 3 * 2
+    assert {(a.org_id, a.adapter_version) for a in got if a.arm == "adapter"} == {
+        ("org-acme", ads["a1"].adapter_version), ("org-globex", ident.adapter_version)}
+    text = {(a.org_id, a.arm, a.sample): a.text for a in got}
+    assert all(text["org-globex", "base", j] == text["org-globex", "adapter", j] for j in range(3))
+    assert any(text["org-acme", "base", j] != text["org-acme", "adapter", j] for j in range(3))
+    assert len({text["org-globex", "base", j] for j in range(3)}) > 1  # the samples are samples, not one answer

@@ -237,7 +237,7 @@ def _replayed(cfg: Config, proto: Protocol, seed: int, out: Path, dag_id: str | 
     first = curves[0]
     reqs = replay.logged_requests(cfg, datetime.fromisoformat(first.window[0]), datetime.fromisoformat(first.window[1]),
                                   sorted(cfg.simulate.conventions))
-    answers = replay.sample_batched(cfg, reqs, 1, proto.replay_samples, seed)
+    answers = replay.sample(cfg, reqs, 1, proto.replay_samples, seed)
     replay.save(answers, out / "replay.jsonl")
     # what the gateway serves each org: each user's first request, through it, to `auto` with the org's token
     firsts = list({r.user_id: r for r in reversed(reqs)}.values())

@@ -131,6 +131,59 @@ def replay(cfg: Config, requests: list[Request], base_version: int, samples: int
         stop(proc)
 
 
+def sample(cfg: Config, requests: list[Request], base_version: int, samples: int, seed: int) -> list[Answer]:
+    """The replay's measurement on the serving engine: vLLM (multi-LoRA) where the config serves with it, else the
+    transformers backend, batched (sample_batched)."""
+    from rl_core.serving.backends import vllm_available
+
+    kind = cfg.serving.backend
+    if kind == "vllm" or (kind == "auto" and vllm_available()):
+        return sample_engine(cfg, requests, base_version, samples, seed)
+    return sample_batched(cfg, requests, base_version, samples, seed)
+
+
+def sample_engine(cfg: Config, requests: list[Request], base_version: int, samples: int, seed: int,
+                  concurrency: int = 16) -> list[Answer]:
+    """sample_batched on vLLM, as the gateway serves it: one engine on the base version with each org's measured
+    adapter loaded into it (multi-LoRA: the very weights `auto` answers with), every (request, sample, arm) a
+    request of its own, `concurrency` in flight, which the engine batches step by step (no padding). Sample j of a
+    request has the same seed on both arms, and vLLM seeds each request's sampler: common random numbers. Each
+    prompt is rendered to token ids once, for both arms and every sample."""
+    from rl_core.registry import store
+    from rl_core.serving.backends.base import Sampling
+    from rl_core.serving.backends.vllm import VLLMBackend
+
+    engine = VLLMBackend(store.checkpoint_path(cfg, base_version), cfg, base_version)
+    try:
+        adapters = {}
+        for org in sorted({r.org_id for r in requests}):
+            ad = _measured_adapter(cfg, org, base_version)
+            engine.load_adapter(ad.adapter_version, str(ad.path))
+            adapters[org] = ad.adapter_version
+        ids = {r.event_id: prompt_ids(engine.tokenizer, r.messages, r.tools) for r in requests}
+        jobs = [(r, j, arm) for r in requests for j in range(samples) for arm in ARMS]
+        done, lock = [0], threading.Lock()
+
+        def one(job: tuple[Request, int, str]) -> Answer:
+            req, j, arm = job
+            adapter = adapters[req.org_id] if arm == "adapter" else None
+            g = engine.generate(ids[req.event_id], Sampling(max_tokens=cfg.simulate.max_tokens,
+                                                            temperature=cfg.simulate.temperature, top_p=1.0,
+                                                            seed=sample_seed(seed, req.event_id, j)), adapter=adapter)
+            content, calls = toolcalls.parse(g.text) if req.tools else (g.text, [])
+            with lock:
+                done[0] += 1
+                if done[0] % 50 == 0 or done[0] == len(jobs):
+                    print(f"[replay] {done[0]}/{len(jobs)} answers (vLLM)", file=sys.stderr)
+            return Answer(req.event_id, req.user_id, req.org_id, arm, j, base_version, adapter,
+                          features_of(content, calls), content)
+
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="replay") as pool:
+            return list(pool.map(one, jobs))
+    finally:
+        engine.close()
+
+
 def sample_batched(cfg: Config, requests: list[Request], base_version: int, samples: int, seed: int,
                    batch: int = 16) -> list[Answer]:
     """The same measurement without the gateway, batched: each arm's weights are the ones the gateway serves it
@@ -147,16 +200,17 @@ def sample_batched(cfg: Config, requests: list[Request], base_version: int, samp
     per = max(1, batch // samples)
     base_ck = store.checkpoint_path(cfg, base_version)
     arms = {"base": (TransformersBackend(base_ck, dtype=cfg.model.dtype), None)}
+    ids = {r.event_id: prompt_ids(arms["base"][0].tokenizer, r.messages, r.tools) for r in requests}  # rendered once
     out: list[Answer] = []
     for org in sorted({r.org_id for r in requests}):
         ad = _measured_adapter(cfg, org, base_version)
         arms["adapter"] = (load_adapter_backend(base_ck, ad.path, cfg.model.dtype), ad.adapter_version)
-        tok = arms["base"][0].tokenizer
-        mine = sorted((r for r in requests if r.org_id == org), key=lambda r: len(prompt_ids(tok, r.messages, r.tools)))
+        mine = sorted((r for r in requests if r.org_id == org), key=lambda r: len(ids[r.event_id]))
         for i in range(0, len(mine), per):
             group = mine[i:i + per]
+            rows = [ids[r.event_id] for r in group for _ in range(samples)]
             for arm, (backend, adapter) in arms.items():
-                texts = _generate(backend, group, samples, sample_seed(seed, group[0].event_id, 0),
+                texts = _generate(backend, rows, sample_seed(seed, group[0].event_id, 0),
                                   cfg.simulate.temperature, cfg.simulate.max_tokens)
                 for n, text in enumerate(texts):
                     req = group[n // samples]
@@ -183,12 +237,10 @@ def _measured_adapter(cfg: Config, org: str, base_version: int):
     return newest
 
 
-def _generate(backend, group: list[Request], samples: int, seed: int, temperature: float,
-              max_tokens: int) -> list[str]:
-    """`samples` completions of each request in one left-padded batch; the text up to the first EOS."""
+def _generate(backend, rows: list[list[int]], seed: int, temperature: float, max_tokens: int) -> list[str]:
+    """A completion of each prompt (token ids) in one left-padded batch; the text up to the first EOS."""
     import torch  # lazy: heavy
 
-    rows = [prompt_ids(backend.tokenizer, r.messages, r.tools) for r in group for _ in range(samples)]
     width = max(len(r) for r in rows)
     eos = sorted(backend.eos_ids)
     pad = backend.tokenizer.pad_token_id if backend.tokenizer.pad_token_id is not None else eos[0]
