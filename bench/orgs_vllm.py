@@ -12,7 +12,10 @@ makes them, small non-zero B). Gateways (`rtrl serve`, each its own process, WAL
 The client runs in its own process (it must not share a gateway's GIL); requests cycle over the orgs' tokens and
 prompts, with the same seeds on every path; the paths alternate within each round so drift hits all of them.
 Reported per path and concurrency: completion tokens/s (tokens / wall), p50 and mean latency, and how many answers
-carried x-rtrl-adapter-version (every answer on an adapter path must).
+carried x-rtrl-adapter-version (every answer on an adapter path must). Then the adapter swap on the vLLM gateway
+(`--swaps` times): a new adapter registered for an org, its `live` alias moved, and the seconds until the org's
+first answer from it (x-rtrl-adapter-version), polling one-token requests; the gateways poll the aliases every
+`--poll-s` seconds, so that much of the swap is the poll's wait.
 """
 
 from __future__ import annotations
@@ -104,6 +107,32 @@ def setup(home: Path, env: dict[str, str], orgs: list[str]):
     return cfg
 
 
+def swap_times(cfg, url: str, org: str, key: str, home: Path, n: int) -> list[float]:
+    """Seconds from each `live` move (to a newly registered adapter of `org`) to the first answer by that adapter."""
+    import openai
+
+    from rl_core.orgs.registry import LIVE_ALIAS, adapter_registry, register_adapter_folder
+    from rl_core.registry import store
+
+    c = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
+    out = []
+    for k in range(n):
+        folder = make_adapter(store.checkpoint_path(cfg, 1), home / "adapters" / f"{org}-swap{k}", 100 + k)
+        av = register_adapter_folder(cfg, org, folder, {"parent_version": 1, "run_id": f"bench-swap-{k}"})
+        t0 = time.perf_counter()
+        store.set_alias(adapter_registry(cfg, org), LIVE_ALIAS, av.version, reason="bench: swap")
+        while time.perf_counter() - t0 < 300:
+            raw = c.chat.completions.with_raw_response.create(model="auto", max_tokens=1,
+                                                               messages=[{"role": "user", "content": PROMPTS[0]}])
+            if raw.headers.get("x-rtrl-adapter-version") == av.adapter_version:
+                break
+        else:
+            raise RuntimeError(f"{org}'s adapter {av.adapter_version} answered nothing 300 s after its `live` move")
+        out.append(time.perf_counter() - t0)
+        print(f"  swap {k}: {out[-1]:.2f} s", file=sys.stderr)
+    return out
+
+
 def gateway_env(env: dict[str, str], name: str, backend: str, lora: bool) -> dict[str, str]:
     return {**env, "RTRL_SERVING__BACKEND": backend, "RTRL_SERVING__VLLM_LORA": json.dumps(lora),
             "RTRL_SERVING__WAL_DIR": f"wal-{name}", "RTRL_LAKE__ROOT": f"lake-{name}"}
@@ -156,6 +185,8 @@ def parse_args():
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[4, 8])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--paths", default="vllm,vllm-base,hf,vllm-nolora")
+    ap.add_argument("--swaps", type=int, default=3, help="adapter swaps timed on the vLLM gateway (0: none)")
+    ap.add_argument("--poll-s", type=float, default=1.0, help="the gateways' alias poll (serving.alias_poll_s)")
     return ap.parse_args()
 
 
@@ -173,7 +204,7 @@ def main() -> None:
     env = {**os.environ, "RTRL_HOME": str(home), "RTRL_PROFILE": "tiny" if a.model == "tiny" else "default",
            "RTRL_SERVING__TOKENS": json.dumps(tokens), "RTRL_SERVING__PREWARM_SPARE": "false",
            "RTRL_SERVING__CHALLENGER_SHARE": "0", "RTRL_SERVING__VLLM_MAX_LORAS": str(a.orgs),
-           "RTRL_SERVING__VLLM_STARTUP_TIMEOUT_S": "900"}
+           "RTRL_SERVING__VLLM_STARTUP_TIMEOUT_S": "900", "RTRL_SERVING__ALIAS_POLL_S": str(a.poll_s)}
     if a.model == "tiny":  # vLLM's CPU attention needs head size 32+
         env |= {"RTRL_MODEL__TINY_HEADS": "2", "RTRL_MODEL__TINY_KV_HEADS": "1"}
     paths = a.paths.split(",")
@@ -192,6 +223,7 @@ def main() -> None:
         gateways = {"vllm": (urls.get("vllm"), adapter_keys), "vllm-base": (urls.get("vllm"), plain),
                     "hf": (urls.get("hf"), adapter_keys), "vllm-nolora": (urls.get("vllm-nolora"), plain)}
         res = measure(a, {p: (f"{gateways[p][0]}/v1", gateways[p][1]) for p in PATHS if p in paths})
+        swaps = swap_times(cfg, f"{urls['vllm']}/v1", orgs[0], adapter_keys[0], home, a.swaps) if "vllm" in urls else []
     except BaseException:
         for name in ("vllm", "hf", "vllm-nolora"):
             log = home / f"{name}.log"
@@ -203,6 +235,9 @@ def main() -> None:
             stop(proc)
         shutil.rmtree(home, ignore_errors=True)  # the models, the adapters, the engines' logs
     report(a, res)
+    if swaps:
+        print(f"- adapter swap on vLLM (alias poll {a.poll_s:g} s): `live` moved -> first answer by the new adapter in "
+              f"{', '.join(f'{t:.2f}' for t in swaps)} s (median {statistics.median(swaps):.2f})")
 
 
 if __name__ == "__main__":
