@@ -36,8 +36,8 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
-# `make test`: the default suite, every test not marked slow (661 tests; 5-8.5 min on 2 idle cores). `make test-slow`: the end-to-end
-# tests (real Airflow runs, DeepSpeed ranks, vLLM, browsers on the UIs, the production stack; ~15 min). CI
+# `make test`: the default suite, every test not marked slow (666 tests; 6-8.5 min on 2 idle cores). `make test-slow`: the end-to-end
+# tests (real Airflow runs, DeepSpeed ranks, vLLM, browsers on the UIs, the production stack; ~36 min). CI
 # (.ci/run) runs both; `make test-all` adds the very long multi-cycle experiment.
 test: setup sysdeps
 	$(PY) -m pytest -q -m "not slow"
