@@ -94,13 +94,12 @@ class EnginePolicy:
     at the first request (a cached side never starts one) and close() stops it (vLLM runs as a child server)."""
 
     def __init__(self, folder: str | Path, cfg, name: str | None = None, kind: str | None = None):
-        from rl_core.serving.backends import vllm_available
+        from rl_core.serving.backends import engine_kind
 
         self.folder, self.cfg = Path(folder), cfg
         if not (self.folder / "config.json").is_file():
             raise FileNotFoundError(f"{self.folder} is not an HF checkpoint folder (no config.json)")
-        kind = kind or cfg.serving.backend
-        self.kind = ("vllm" if vllm_available() else "transformers") if kind == "auto" else kind
+        self.kind = engine_kind(kind or cfg.serving.backend)
         self.name = name or f"{self.kind}:{self.folder.name}"
         cfg_json = json.loads((self.folder / "config.json").read_text())
         self.max_positions = min(int(cfg_json.get("max_position_embeddings", 2048)), 4096)

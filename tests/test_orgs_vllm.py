@@ -306,17 +306,15 @@ def test_the_replay_samples_both_arms_on_one_vllm_engine(served, tmp_path):
     """lab/simulate/replay.py sample_engine: the base and each org's adapter answered by one engine (multi-LoRA),
     sample j of a request seeded alike on both arms. Globex's adapter is the identity (LoRA B = 0), so its answers
     are the base's token for token (common random numbers); acme's random adapter changes them."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from test_orgs_replay import identity_adapter
 
     from lab.simulate.replay import Request, sample_engine
     from rl_core.registry import store
 
     cfg, gw, url, base, ads = served
     go_live(cfg, gw, ads["a1"])
-    lora = LoraConfig(r=4, lora_alpha=32, target_modules=["q_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
-    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(tmp_path / "identity")
-    ident = register_adapter_folder(cfg, "org-globex", tmp_path / "identity", {"parent_version": 1, "run_id": "manual-id"})
+    ident = register_adapter_folder(cfg, "org-globex", identity_adapter(base, tmp_path / "identity"),
+                                    {"parent_version": 1, "run_id": "manual-id"})
     store.set_alias(adapter_registry(cfg, "org-globex"), LIVE_ALIAS, ident.version, reason="test")
     reqs = [Request("e-acme", "org-acme-u0", "org-acme", MSG, None),
             Request("e-globex", "org-globex-u0", "org-globex", MSG, None)]

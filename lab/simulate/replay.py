@@ -112,32 +112,36 @@ def replay(cfg: Config, requests: list[Request], base_version: int, samples: int
     """Every request to each arm, `samples` times, through a gateway of its own (started here, stopped after);
     answers in request, sample, arm order. About 3 s an answer on 2 cores (SmolLM2-135M, 96 tokens)."""
     jobs = [(r, arm, j) for r in requests for j in range(samples) for arm in arms]
-    done, lock = [0], threading.Lock()
     proc, url = gw.start_gateway(cfg, airflow_env(cfg) | {"RTRL_SERVING__PREWARM_SPARE": "false"}, log)
     try:
         ask = _Asker(cfg, url, base_version)
-
-        def one(job) -> Answer:
-            a = ask(job[0], job[1], job[2], seed)
-            with lock:
-                done[0] += 1
-                if done[0] % 50 == 0 or done[0] == len(jobs):
-                    print(f"[replay] {done[0]}/{len(jobs)} answers", file=sys.stderr)
-            return a
-
-        with ThreadPoolExecutor(concurrency, thread_name_prefix="replay") as pool:
-            return list(pool.map(one, jobs))
+        return _answer_all(jobs, lambda job: ask(job[0], job[1], job[2], seed), concurrency)
     finally:
         stop(proc)
+
+
+def _answer_all(jobs: list, answer, concurrency: int) -> list[Answer]:
+    """answer(job) for every job, `concurrency` at once, in job order; progress every 50 answers on stderr."""
+    done, lock = [0], threading.Lock()
+
+    def one(job) -> Answer:
+        a = answer(job)
+        with lock:
+            done[0] += 1
+            if done[0] % 50 == 0 or done[0] == len(jobs):
+                print(f"[replay] {done[0]}/{len(jobs)} answers", file=sys.stderr)
+        return a
+
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="replay") as pool:
+        return list(pool.map(one, jobs))
 
 
 def sample(cfg: Config, requests: list[Request], base_version: int, samples: int, seed: int) -> list[Answer]:
     """The replay's measurement on the serving engine: vLLM (multi-LoRA) where the config serves with it, else the
     transformers backend, batched (sample_batched)."""
-    from rl_core.serving.backends import vllm_available
+    from rl_core.serving.backends import engine_kind
 
-    kind = cfg.serving.backend
-    if kind == "vllm" or (kind == "auto" and vllm_available()):
+    if engine_kind(cfg.serving.backend) == "vllm":
         return sample_engine(cfg, requests, base_version, samples, seed)
     return sample_batched(cfg, requests, base_version, samples, seed)
 
@@ -162,7 +166,6 @@ def sample_engine(cfg: Config, requests: list[Request], base_version: int, sampl
             adapters[org] = ad.adapter_version
         ids = {r.event_id: prompt_ids(engine.tokenizer, r.messages, r.tools) for r in requests}
         jobs = [(r, j, arm) for r in requests for j in range(samples) for arm in ARMS]
-        done, lock = [0], threading.Lock()
 
         def one(job: tuple[Request, int, str]) -> Answer:
             req, j, arm = job
@@ -171,15 +174,10 @@ def sample_engine(cfg: Config, requests: list[Request], base_version: int, sampl
                                                             temperature=cfg.simulate.temperature, top_p=1.0,
                                                             seed=sample_seed(seed, req.event_id, j)), adapter=adapter)
             content, calls = toolcalls.parse(g.text) if req.tools else (g.text, [])
-            with lock:
-                done[0] += 1
-                if done[0] % 50 == 0 or done[0] == len(jobs):
-                    print(f"[replay] {done[0]}/{len(jobs)} answers (vLLM)", file=sys.stderr)
             return Answer(req.event_id, req.user_id, req.org_id, arm, j, base_version, adapter,
                           features_of(content, calls), content)
 
-        with ThreadPoolExecutor(concurrency, thread_name_prefix="replay") as pool:
-            return list(pool.map(one, jobs))
+        return _answer_all(jobs, one, concurrency)
     finally:
         engine.close()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from rl_core.config import Config
 from rl_core.serving.backends.base import Backend, Generation, Sampling, StepOut
 
-__all__ = ["Backend", "Generation", "Sampling", "StepOut", "make_backend", "vllm_available"]
+__all__ = ["Backend", "Generation", "Sampling", "StepOut", "engine_kind", "make_backend", "vllm_available"]
 
 
 def vllm_available() -> bool:
@@ -16,11 +16,16 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_backend(kind: str, checkpoint: str | Path, cfg: Config, version: int) -> Backend:
-    """kind: "vllm" | "transformers" | "auto" (vLLM where it is installed, else transformers)."""
+def engine_kind(kind: str) -> str:
+    """"vllm" | "transformers" for a configured kind: "auto" is vLLM where it is installed, else transformers."""
     if kind == "auto":
-        kind = "vllm" if vllm_available() else "transformers"
-    if kind == "vllm":
+        return "vllm" if vllm_available() else "transformers"
+    return kind
+
+
+def make_backend(kind: str, checkpoint: str | Path, cfg: Config, version: int) -> Backend:
+    """kind: "vllm" | "transformers" | "auto" (engine_kind)."""
+    if engine_kind(kind) == "vllm":
         from rl_core.serving.backends.vllm import VLLMBackend  # lazy: heavy (vllm client, transformers)
 
         return VLLMBackend(checkpoint, cfg, version)
